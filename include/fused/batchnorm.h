@@ -1,0 +1,55 @@
+// The BatchNorm part of the contract (design.md §1), shared by every path: the partial
+// statistics format, the BN arguments, and the folded per-column affine map.
+#pragma once
+
+#include "fused/types.h"
+
+namespace fused {
+
+// Per-row-tile column statistics of y, written with plain stores, one slot per
+// (row tile, column): deterministic and atomic-free.
+//   row tile t covers rows [t*row_tile, min(M, (t+1)*row_tile)); its count follows from M.
+//   mean[t*ld + n] = mean of y[rows of t, n]
+//   m2  [t*ld + n] = sum over rows of t of (y[i, n] - mean)^2
+// Columns n in [N, ld) may hold anything (the sm90 epilogue writes whole column tiles).
+struct ColumnStatsPartials {
+  float* mean = nullptr;  // (num_row_tiles, ld)
+  float* m2 = nullptr;    // (num_row_tiles, ld)
+  int64_t num_row_tiles = 0;
+  int64_t row_tile = 0;
+  int64_t ld = 0;  // >= N
+};
+
+// BatchNorm1d arguments. All pointers live in the memory space of the entry point they are
+// passed to (device memory for fused::cuda, host memory for fused::cpu). All vectors are fp32.
+struct BatchNormArgs {
+  const float* gamma = nullptr;  // (N) or null: affine=False (gamma = 1)
+  const float* beta = nullptr;   // (N) or null: affine=False (beta = 0)
+  // Running statistics, (N) each, both or neither. Updated in place when batch statistics are
+  // used; read instead of batch statistics in eval mode.
+  float* running_mean = nullptr;
+  float* running_var = nullptr;
+  // Value of num_batches_tracked *after* this batch's increment (the caller increments it, as
+  // nn.BatchNorm1d does). Read only when momentum < 0.
+  const int64_t* num_batches_tracked = nullptr;
+  double momentum = 0.1;  // < 0 means momentum=None: cumulative average, factor 1/num_batches_tracked
+  double eps = 1e-5;
+  bool training = true;
+  const float* scale = nullptr;  // (scale_numel): 1 (scalar) or N (per column)
+  int64_t scale_numel = 1;
+
+  // nn.BatchNorm1d: batch statistics in training, and in eval when there are no running stats.
+  FUSED_HOST_DEVICE constexpr bool uses_batch_stats() const { return training || running_mean == nullptr; }
+  FUSED_HOST_DEVICE constexpr bool updates_running_stats() const { return uses_batch_stats() && running_mean != nullptr; }
+};
+
+// The per-column map that BatchNorm + scale fold into:  z[i, n] = a[n] * (y[i, n] - shift[n]) + c[n]
+//   shift = mean (batch or running),  a = scale * gamma * invstd,  c = scale * beta.
+// Subtracting the mean before scaling keeps z exact when |mean| >> std.
+struct ColumnAffine {
+  float* shift = nullptr;  // (N); the saved mean
+  float* a = nullptr;      // (N)
+  float* c = nullptr;      // (N)
+};
+
+}  // namespace fused

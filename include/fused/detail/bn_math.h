@@ -1,0 +1,89 @@
+// Scalar math shared by the CPU implementation and the CUDA kernels, so that both paths
+// compute the contract with one definition (host + device inline functions).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "fused/batchnorm.h"
+
+#if defined(__CUDACC__)
+#define FUSED_HD __host__ __device__ __forceinline__
+#else
+#define FUSED_HD inline
+#endif
+
+namespace fused::detail {
+
+// Running (count, mean, M2) of one column, merged in double precision.
+struct MeanM2 {
+  double n = 0.0;
+  double mean = 0.0;
+  double m2 = 0.0;
+};
+
+// Rows in row tile t of an M-row problem.
+FUSED_HD int64_t row_tile_count(int64_t M, int64_t row_tile, int64_t t) {
+  const int64_t rest = M - t * row_tile;
+  return rest < row_tile ? rest : row_tile;
+}
+
+// Chan et al.'s parallel update: merges (nb, mean_b, m2_b) into acc. Exact in exact
+// arithmetic and stable when |mean| >> std, unlike sum(y^2) - sum(y)^2 / n.
+FUSED_HD void chan_merge(MeanM2& acc, double nb, double mean_b, double m2_b) {
+  if (nb <= 0.0) return;
+  const double n = acc.n + nb;
+  const double delta = mean_b - acc.mean;
+  acc.mean += delta * (nb / n);
+  acc.m2 += m2_b + delta * delta * (acc.n * nb / n);
+  acc.n = n;
+}
+
+// Merges the partials of column `col` over row tiles 0, 1, 2, ... (fixed order: deterministic).
+FUSED_HD MeanM2 merge_column_partials(const ColumnStatsPartials& p, int64_t M, int64_t col) {
+  MeanM2 acc;
+  for (int64_t t = 0; t < p.num_row_tiles; ++t) {
+    chan_merge(acc, static_cast<double>(row_tile_count(M, p.row_tile, t)), p.mean[t * p.ld + col],
+               p.m2[t * p.ld + col]);
+  }
+  return acc;
+}
+
+// Momentum applied to the running statistics (nn.BatchNorm1d's exponential_average_factor).
+FUSED_HD double running_stat_factor(const BatchNormArgs& bn) {
+  return bn.momentum < 0.0 ? 1.0 / static_cast<double>(*bn.num_batches_tracked) : bn.momentum;
+}
+
+// Finalizes column `col`: picks batch or running statistics, updates the running statistics
+// (biased variance for normalisation, unbiased M/(M-1) for the running estimate, as PyTorch),
+// writes the saved invstd and the folded affine map.
+FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, int64_t M, const BatchNormArgs& bn,
+                              float* save_invstd, const ColumnAffine& out) {
+  double mean, var;
+  if (bn.uses_batch_stats()) {
+    mean = batch.mean;
+    var = batch.n > 0.0 ? batch.m2 / batch.n : 0.0;
+    if (bn.running_mean != nullptr && M > 0) {  // an empty batch leaves them alone (as eager)
+      const double f = running_stat_factor(bn);
+      const double unbiased = M > 1 ? var * static_cast<double>(M) / static_cast<double>(M - 1) : var;
+      bn.running_mean[col] = static_cast<float>((1.0 - f) * bn.running_mean[col] + f * mean);
+      bn.running_var[col] = static_cast<float>((1.0 - f) * bn.running_var[col] + f * unbiased);
+    }
+  } else {
+    mean = bn.running_mean[col];
+    var = bn.running_var[col];
+  }
+  const double invstd = 1.0 / sqrt(var + bn.eps);
+  const double s = bn.scale[bn.scale_numel == 1 ? 0 : col];
+  const double g = bn.gamma != nullptr ? static_cast<double>(bn.gamma[col]) : 1.0;
+  const double b = bn.beta != nullptr ? static_cast<double>(bn.beta[col]) : 0.0;
+  out.shift[col] = static_cast<float>(mean);
+  out.a[col] = static_cast<float>(s * g * invstd);
+  out.c[col] = static_cast<float>(s * b);
+  save_invstd[col] = static_cast<float>(invstd);
+}
+
+// The softmax logit of one element: z = a * (y - shift) + c.
+FUSED_HD float bn_logit(float y, float shift, float a, float c) { return fmaf(a, y - shift, c); }
+
+}  // namespace fused::detail

@@ -1,0 +1,40 @@
+// Public, torch-free vocabulary of the fused Linear -> BatchNorm1d -> scale -> softmax library.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+// Same typedef as <driver_types.h>; lets CPU-only users include this header without CUDA.
+typedef struct CUstream_st* cudaStream_t;
+
+// Marks small functions usable from host and device code (the CUDA kernels share them).
+#if defined(__CUDACC__)
+#define FUSED_HOST_DEVICE __host__ __device__
+#else
+#define FUSED_HOST_DEVICE
+#endif
+
+namespace fused {
+
+// Element type of x, W, bias and out. y, the statistics and all BN vectors are fp32.
+enum class ElementType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// How fp32 inputs are multiplied. bf16/fp16 always use their native tensor-core MMA.
+enum class MatmulPrecision : int {
+  kHighest = 0,  // fp32-accurate (torch.get_float32_matmul_precision() == "highest")
+  kTF32 = 1,     // TF32 tensor cores allowed ("high" / "medium")
+};
+
+enum class StatusCode : int { kOk = 0, kInvalidArgument, kNotSupported, kCudaError };
+
+// Errors carry a static message; the torch binding turns them into exceptions.
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  const char* message = "";
+  bool ok() const { return code == StatusCode::kOk; }
+  static Status Ok() { return {}; }
+};
+
+inline std::size_t element_size(ElementType t) { return t == ElementType::kFloat32 ? 4 : 2; }
+
+}  // namespace fused

@@ -1,0 +1,129 @@
+// The CUDA forward: carves the workspace, runs [1] (sm90 GEMM + statistics epilogue, or the
+// generic column partials over a caller-written y), [2] finalize and [3] row softmax, all
+// stream-ordered, no host synchronisation.
+#include "fused/gemm_bn_softmax.h"
+#include "kernels/common/cuda_check.h"
+#if defined(FUSED_WITH_SM90)
+#include "kernels/sm90/gemm_stats_sm90.h"
+#endif
+
+namespace fused::cuda {
+namespace {
+
+constexpr std::size_t kAlign = 256;
+std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Partials geometry of a path.
+ColumnStatsPartials partials_geometry(const ForwardProblem& p, GemmPath path) {
+  ColumnStatsPartials g;
+#if defined(FUSED_WITH_SM90)
+  if (path == GemmPath::kSm90) {
+    g.row_tile = sm90::partials_row_tile();
+    g.ld = sm90::partials_ld(p.N);
+  }
+#endif
+  if (path == GemmPath::kExternal) {
+    g.row_tile = 128;
+    g.ld = (p.N + 3) / 4 * 4;
+  }
+  if (g.row_tile > 0) g.num_row_tiles = util::ceil_div(p.M, g.row_tile);
+  return g;
+}
+
+#if defined(FUSED_WITH_SM90)
+sm90::GemmStatsArgs gemm_args(const ForwardProblem& p, const ForwardBuffers& b) {
+  sm90::GemmStatsArgs a;
+  a.M = p.M; a.N = p.N; a.K = p.K;
+  a.x = b.x; a.ldx = b.ldx; a.w = b.weight; a.ldw = b.ldw; a.bias = b.bias;
+  a.y = b.y; a.ldy = b.ldy;
+  return a;
+}
+#endif
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+}  // namespace
+
+bool sm90_compiled() {
+#if defined(FUSED_WITH_SM90)
+  return true;
+#else
+  return false;
+#endif
+}
+
+Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
+  if (!sm90_compiled()) return {StatusCode::kNotSupported, "sm90 kernels not compiled into this build"};
+  if (p.dtype == ElementType::kFloat32 && p.precision != MatmulPrecision::kTF32)
+    return {StatusCode::kNotSupported, "sm90 path: exact fp32 needs the generic path (no TF32 allowed)"};
+  // TMA: 16-byte aligned base addresses and row strides; y rows padded to 4 floats.
+  const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
+  if (p.K % per16 != 0 || b.ldx % per16 != 0 || b.ldw % per16 != 0)
+    return {StatusCode::kNotSupported, "sm90 path: K and row strides of x, W must be 16-byte multiples"};
+  if (!aligned16(b.x) || !aligned16(b.weight) || !aligned16(b.y) || b.ldy % 4 != 0)
+    return {StatusCode::kNotSupported, "sm90 path: x, W, y must be 16-byte aligned (y rows too)"};
+  if (b.bias != nullptr && !aligned16(b.bias))
+    return {StatusCode::kNotSupported, "sm90 path: bias must be 16-byte aligned"};
+  if (p.N % per16 != 0) return {StatusCode::kNotSupported, "sm90 path: N must be a multiple of 16 bytes of elements"};
+  if (p.M == 0 || p.N == 0 || p.K == 0) return {StatusCode::kNotSupported, "sm90 path: empty problem"};
+  if (p.M > 0x7fffffff || p.N > 0x7fffffff || p.K > 0x7fffffff)
+    return {StatusCode::kNotSupported, "sm90 path: dimensions must fit in int32"};
+  return Status::Ok();
+}
+
+std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path) {
+  const ColumnStatsPartials g = partials_geometry(p, path);
+  std::size_t bytes = 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +
+                      2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N));
+#if defined(FUSED_WITH_SM90)
+  if (path == GemmPath::kSm90) {
+    ForwardBuffers none;
+    bytes += align_up(sm90::gemm_workspace_bytes(p.dtype, gemm_args(p, none)));
+  }
+#endif
+  return bytes;
+}
+
+Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,
+               void* workspace, std::size_t workspace_size, cudaStream_t stream) {
+  FUSED_RETURN_IF_ERROR(validate(p, b, bn));
+  if (path == GemmPath::kSm90) FUSED_RETURN_IF_ERROR(sm90_can_implement(p, b));
+  if (workspace_size < workspace_bytes(p, path) || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
+    return {StatusCode::kInvalidArgument, "workspace too small or not 256-byte aligned"};
+  if (p.N == 0) return Status::Ok();
+
+  // Workspace: [partials.mean | partials.m2 | a | c | gemm workspace]
+  ColumnStatsPartials partials = partials_geometry(p, path);
+  auto* cursor = static_cast<char*>(workspace);
+  auto take = [&](std::size_t bytes) {
+    char* ptr = cursor;
+    cursor += align_up(bytes);
+    return ptr;
+  };
+  const std::size_t partial_bytes = sizeof(float) * static_cast<std::size_t>(partials.num_row_tiles * partials.ld);
+  partials.mean = reinterpret_cast<float*>(take(partial_bytes));
+  partials.m2 = reinterpret_cast<float*>(take(partial_bytes));
+  const ColumnAffine affine{b.save_mean, reinterpret_cast<float*>(take(sizeof(float) * p.N)),
+                            reinterpret_cast<float*>(take(sizeof(float) * p.N))};
+  const bool batch_stats = bn.uses_batch_stats();
+
+  if (p.M > 0) {
+    if (path == GemmPath::kSm90) {
+#if defined(FUSED_WITH_SM90)
+      sm90::GemmStatsArgs args = gemm_args(p, b);
+      if (batch_stats) args.partials = partials;
+      switch (p.dtype) {
+        case ElementType::kBFloat16: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_bf16(args, cursor, stream)); break;
+        case ElementType::kFloat16: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_fp16(args, cursor, stream)); break;
+        case ElementType::kFloat32: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_tf32(args, cursor, stream)); break;
+      }
+#endif
+    } else if (batch_stats) {
+      FUSED_RETURN_IF_ERROR(column_partials(b.y, b.ldy, p.M, p.N, partials, stream));
+    }
+  }
+  FUSED_RETURN_IF_ERROR(finalize(partials, p.M, p.N, bn, b.save_invstd, affine, stream));
+  return row_softmax(b.y, b.ldy, p.M, p.N, affine, b.out, b.ldo, p.dtype, stream);
+}
+
+}  // namespace fused::cuda

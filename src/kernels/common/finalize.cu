@@ -1,0 +1,33 @@
+// [2] Finalize: merges the per-row-tile partials of each column in a fixed order (Chan's
+// formula, double precision), updates the running statistics, and folds BatchNorm + scale
+// into the per-column affine map the softmax applies. One thread per column.
+#include "fused/detail/bn_math.h"
+#include "fused/gemm_bn_softmax.h"
+#include "kernels/common/cuda_check.h"
+
+namespace fused::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads)
+    finalize_kernel(ColumnStatsPartials partials, int64_t M, int64_t N, BatchNormArgs bn, float* save_invstd,
+                    ColumnAffine affine) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (col >= N) return;
+  const detail::MeanM2 s =
+      bn.uses_batch_stats() ? detail::merge_column_partials(partials, M, col) : detail::MeanM2{};
+  detail::finalize_column(col, s, M, bn, save_invstd, affine);
+}
+
+}  // namespace
+
+Status finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
+                float* save_invstd, const ColumnAffine& affine, cudaStream_t stream) {
+  if (N == 0) return Status::Ok();
+  finalize_kernel<<<static_cast<unsigned>(util::ceil_div(N, kThreads)), kThreads, 0, stream>>>(
+      partials, M, N, bn, save_invstd, affine);
+  return util::launch_status("finalize_kernel launch");
+}
+
+}  // namespace fused::cuda

@@ -1,0 +1,194 @@
+// GPU group: the architecture-neutral kernels (generic column partials, finalize, row softmax)
+// against the CPU implementation / float64. Every test skips without a CUDA device.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "fused/detail/bn_math.h"
+#include "fused/gemm_bn_softmax.h"
+#include "test_util.h"
+
+namespace fused {
+namespace {
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+template <class T>
+struct DeviceBuf {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuf(size_t count) : n(count) {
+    if (cudaMalloc(&ptr, std::max<size_t>(1, count) * sizeof(T)) != cudaSuccess) ptr = nullptr;
+    poison();
+  }
+  DeviceBuf(const std::vector<T>& h) : DeviceBuf(h.size()) { upload(h); }
+  ~DeviceBuf() { cudaFree(ptr); }
+  void poison() { cudaMemset(ptr, 0xff, n * sizeof(T)); }  // NaN for floats: unwritten elements show
+  void upload(const std::vector<T>& h) { cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+class ColumnPartialsGpu : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, double>> {};
+
+TEST_P(ColumnPartialsGpu, MatchesCpu) {
+  REQUIRE_GPU();
+  const auto [M, N, ratio] = GetParam();
+  const auto y = test::random_columns(M, N, ratio, 11);
+  ColumnStatsPartials p;
+  p.row_tile = 128;
+  p.num_row_tiles = (M + 127) / 128;
+  p.ld = N + 3;  // ld > N must be honoured
+  DeviceBuf<float> dy(y), dmean(p.num_row_tiles * p.ld), dm2(p.num_row_tiles * p.ld);
+  ColumnStatsPartials dp = p;
+  dp.mean = dmean.ptr;
+  dp.m2 = dm2.ptr;
+  ASSERT_TRUE(cuda::column_partials(dy.ptr, N, M, N, dp, nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto mean = dmean.download(), m2 = dm2.download();
+  for (int64_t t = 0; t < p.num_row_tiles; ++t) {
+    for (int64_t n = 0; n < N; ++n) {
+      double rm, rm2;
+      test::column_moments(y, N, n, t * 128, std::min(M, (t + 1) * 128), rm, rm2);
+      const double rms = std::sqrt(rm * rm + rm2 / (std::min(M, (t + 1) * 128) - t * 128));
+      EXPECT_LE(std::fabs(mean[t * p.ld + n] - rm), 2e-7 * rms) << t << "," << n;
+      EXPECT_LE(std::fabs(m2[t * p.ld + n] - rm2), 1e-5 * rm2 + 1e-6) << t << "," << n;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ColumnPartialsGpu,
+                         ::testing::Values(std::make_tuple(int64_t{2}, int64_t{1}, 0.0),
+                                           std::make_tuple(int64_t{129}, int64_t{33}, 3.0),
+                                           std::make_tuple(int64_t{1000}, int64_t{70}, 1e3),
+                                           std::make_tuple(int64_t{4096}, int64_t{256}, 1.0)));
+
+TEST(FinalizeGpu, MatchesCpuBitForBit) {
+  REQUIRE_GPU();
+  const int64_t M = 1000, N = 300;
+  const auto y = test::random_columns(M, N, 10.0, 12);
+  ColumnStatsPartials p;
+  p.row_tile = 128;
+  p.num_row_tiles = (M + 127) / 128;
+  p.ld = N;
+  std::vector<float> hpart(2 * p.num_row_tiles * N);
+  p.mean = hpart.data();
+  p.m2 = hpart.data() + p.num_row_tiles * N;
+  cpu::column_partials(y.data(), N, M, N, p);
+  std::vector<float> gamma(N), beta(N), rm(N), rv(N), scale(N);
+  for (int64_t n = 0; n < N; ++n) {
+    gamma[n] = 1.f + 0.01f * n; beta[n] = 0.02f * n; rm[n] = 0.1f * n; rv[n] = 2.f; scale[n] = 0.5f + 0.001f * n;
+  }
+  const std::vector<int64_t> nbt{3};
+  for (double momentum : {0.1, -1.0}) {
+    std::vector<float> hrm = rm, hrv = rv, hs(N), ha(N), hc(N), hinv(N);
+    BatchNormArgs hbn;
+    hbn.gamma = gamma.data(); hbn.beta = beta.data(); hbn.running_mean = hrm.data(); hbn.running_var = hrv.data();
+    hbn.num_batches_tracked = nbt.data(); hbn.momentum = momentum; hbn.scale = scale.data(); hbn.scale_numel = N;
+    cpu::finalize(p, M, N, hbn, hinv.data(), ColumnAffine{hs.data(), ha.data(), hc.data()});
+
+    DeviceBuf<float> dpart(hpart), dg(gamma), db(beta), drm(rm), drv(rv), dsc(scale), ds(N), da(N), dc(N), dinv(N);
+    DeviceBuf<int64_t> dnbt(nbt);
+    ColumnStatsPartials dp = p;
+    dp.mean = dpart.ptr;
+    dp.m2 = dpart.ptr + p.num_row_tiles * N;
+    BatchNormArgs dbn = hbn;
+    dbn.gamma = dg.ptr; dbn.beta = db.ptr; dbn.running_mean = drm.ptr; dbn.running_var = drv.ptr;
+    dbn.num_batches_tracked = dnbt.ptr; dbn.scale = dsc.ptr;
+    ASSERT_TRUE(cuda::finalize(dp, M, N, dbn, dinv.ptr, ColumnAffine{ds.ptr, da.ptr, dc.ptr}, nullptr).ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    // Same double-precision merge in the same order on both: identical up to libm's sqrt.
+    const auto gs = ds.download(), ga = da.download(), gc = dc.download(), grm = drm.download(), grv = drv.download();
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT_EQ(gs[n], hs[n]);
+      EXPECT_NEAR(ga[n], ha[n], 1e-6f * std::fabs(ha[n]));
+      EXPECT_EQ(gc[n], hc[n]);
+      EXPECT_EQ(grm[n], hrm[n]);
+      EXPECT_EQ(grv[n], hrv[n]);
+    }
+  }
+}
+
+template <class T>
+float to_float(T v);
+template <>
+float to_float(float v) { return v; }
+template <>
+float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+float to_float(__half v) { return __half2float(v); }
+
+template <class T>
+void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double tol) {
+  const auto y = test::random_columns(M, N, 5.0, 13 + N);
+  std::vector<float> shift(N), a(N), c(N);
+  for (int64_t n = 0; n < N; ++n) {
+    double mean, m2;
+    test::column_moments(y, N, n, 0, M, mean, m2);
+    shift[n] = static_cast<float>(mean);
+    a[n] = static_cast<float>(1.7 / std::sqrt(m2 / M + 1e-5));
+    c[n] = 0.01f * (n % 13);
+  }
+  const int64_t ldo = N + ldo_pad;
+  DeviceBuf<float> dy(y), ds(shift), da(a), dc(c);
+  DeviceBuf<T> dout(M * ldo);
+  ASSERT_TRUE(cuda::row_softmax(dy.ptr, N, M, N, ColumnAffine{ds.ptr, da.ptr, dc.ptr}, dout.ptr, ldo, dt, nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto out = dout.download();
+  double err2 = 0.0, ref2 = 0.0;
+  for (int64_t i = 0; i < M; ++i) {
+    std::vector<double> z(N);
+    double mx = -INFINITY, sum = 0.0;
+    for (int64_t n = 0; n < N; ++n) {
+      z[n] = a[n] * (static_cast<double>(y[i * N + n]) - shift[n]) + c[n];
+      mx = std::max(mx, z[n]);
+    }
+    for (int64_t n = 0; n < N; ++n) sum += std::exp(z[n] - mx);
+    for (int64_t n = 0; n < N; ++n) {
+      const double ref = std::exp(z[n] - mx) / sum, got = to_float(out[i * ldo + n]);
+      ASSERT_FALSE(std::isnan(got)) << "unwritten or NaN at " << i << "," << n;
+      err2 += (got - ref) * (got - ref);
+      ref2 += ref * ref;
+    }
+  }
+  EXPECT_LE(std::sqrt(err2 / ref2), tol) << "M=" << M << " N=" << N;
+}
+
+TEST(RowSoftmaxGpu, Float32AllWidths) {
+  REQUIRE_GPU();
+  // tiny, odd, every register-path width class, streaming (> 32768) and 2^20-wide rows
+  for (int64_t N : std::vector<int64_t>{1, 3, 4, 7, 100, 513, 2048, 4097, 8192, 12000, 32768, 40001, 1 << 20})
+    check_softmax<float>(N > 100000 ? 3 : 9, N, 0, ElementType::kFloat32, 2e-6);
+}
+
+TEST(RowSoftmaxGpu, UnalignedOutputFallsBackToScalarStores) {
+  REQUIRE_GPU();
+  check_softmax<float>(5, 1001, 1, ElementType::kFloat32, 2e-6);
+  check_softmax<__half>(5, 66, 3, ElementType::kFloat16, 1e-3);
+}
+
+TEST(RowSoftmaxGpu, HalfAndBFloat16Outputs) {
+  REQUIRE_GPU();
+  check_softmax<__nv_bfloat16>(7, 8192, 0, ElementType::kBFloat16, 4e-3);
+  check_softmax<__half>(7, 8192, 0, ElementType::kFloat16, 5e-4);
+  check_softmax<__nv_bfloat16>(2, 50000, 0, ElementType::kBFloat16, 4e-3);
+}
+
+}  // namespace
+}  // namespace fused
