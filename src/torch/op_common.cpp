@@ -1,6 +1,8 @@
 #include "op_common.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 
 namespace fused::torch_op {
 namespace {
@@ -12,8 +14,8 @@ bool is_supported_dtype(at::ScalarType t) {
 void check_vector(const std::optional<at::Tensor>& t, const char* name, const OpArgs& a) {
   if (!t.has_value() || !t->defined()) return;
   TORCH_CHECK(t->device() == a.x.device(), name, " is on ", t->device(), " but x is on ", a.x.device());
-  TORCH_CHECK(t->dim() == 1 && t->size(0) == a.N(), name, " must have shape [out_features] = [", a.N(),
-              "], got ", t->sizes());
+  TORCH_CHECK(t->dim() == 1 && t->sym_size(0) == a.sym_N(), name, " must have shape [out_features] = [",
+              a.sym_N(), "], got ", t->sym_sizes());
   TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == a.x.scalar_type(), name,
               " must be float32 or x's dtype (", a.x.scalar_type(), "), got ", t->scalar_type());
 }
@@ -32,19 +34,20 @@ ElementType element_type(at::ScalarType t) {
 }
 
 void check_args(const OpArgs& a) {
-  TORCH_CHECK(a.x.dim() == 2, "x must be 2-D (batch, in_features), got shape ", a.x.sizes());
-  TORCH_CHECK(a.weight.dim() == 2, "weight must be 2-D (out_features, in_features), got shape ", a.weight.sizes());
+  TORCH_CHECK(a.x.dim() == 2, "x must be 2-D (batch, in_features), got shape ", a.x.sym_sizes());
+  TORCH_CHECK(a.weight.dim() == 2, "weight must be 2-D (out_features, in_features), got shape ",
+              a.weight.sym_sizes());
   TORCH_CHECK(is_supported_dtype(a.x.scalar_type()), "x has unsupported dtype ", a.x.scalar_type(),
               "; expected float32, bfloat16 or float16");
   TORCH_CHECK(a.weight.scalar_type() == a.x.scalar_type(), "weight dtype ", a.weight.scalar_type(),
               " must match x dtype ", a.x.scalar_type());
   TORCH_CHECK(a.weight.device() == a.x.device(), "weight is on ", a.weight.device(), " but x is on ", a.x.device());
-  TORCH_CHECK(a.x.size(1) == a.weight.size(1), "x.size(1) = ", a.x.size(1), " must equal weight.size(1) = ",
-              a.weight.size(1), " (in_features)");
+  TORCH_CHECK(a.x.sym_size(1) == a.weight.sym_size(1), "x.size(1) = ", a.x.sym_size(1),
+              " must equal weight.size(1) = ", a.weight.sym_size(1), " (in_features)");
   if (defined(a.bias)) {
     TORCH_CHECK(a.bias->device() == a.x.device(), "bias is on ", a.bias->device(), " but x is on ", a.x.device());
-    TORCH_CHECK(a.bias->dim() == 1 && a.bias->size(0) == a.N(), "bias must have shape [out_features] = [", a.N(),
-                "], got ", a.bias->sizes());
+    TORCH_CHECK(a.bias->dim() == 1 && a.bias->sym_size(0) == a.sym_N(), "bias must have shape [out_features] = [",
+                a.sym_N(), "], got ", a.bias->sym_sizes());
     TORCH_CHECK(a.bias->scalar_type() == a.x.scalar_type(), "bias dtype ", a.bias->scalar_type(),
                 " must match x dtype ", a.x.scalar_type());
   }
@@ -59,17 +62,18 @@ void check_args(const OpArgs& a) {
   if (defined(a.num_batches_tracked)) {
     const at::Tensor& t = *a.num_batches_tracked;
     TORCH_CHECK(t.device() == a.x.device(), "num_batches_tracked is on ", t.device(), " but x is on ", a.x.device());
-    TORCH_CHECK(t.scalar_type() == at::kLong && t.numel() == 1,
-                "num_batches_tracked must be a one-element int64 tensor, got ", t.scalar_type(), " of shape ", t.sizes());
+    TORCH_CHECK(t.scalar_type() == at::kLong && t.sym_numel() == 1,
+                "num_batches_tracked must be a one-element int64 tensor, got ", t.scalar_type(), " of shape ",
+                t.sym_sizes());
   }
   TORCH_CHECK(a.scale.device() == a.x.device(), "scale is on ", a.scale.device(), " but x is on ", a.x.device());
   TORCH_CHECK(at::isFloatingType(a.scale.scalar_type()), "scale must be a floating-point tensor, got ",
               a.scale.scalar_type());
-  const bool scalar_scale = a.scale.numel() == 1 && a.scale.dim() <= 2;
-  const bool column_scale = (a.scale.dim() == 1 && a.scale.size(0) == a.N()) ||
-                            (a.scale.dim() == 2 && a.scale.size(0) == 1 && a.scale.size(1) == a.N());
-  TORCH_CHECK(scalar_scale || column_scale, "scale must be a scalar, shape [1], or per column: shape [", a.N(),
-              "] or [1, ", a.N(), "]; got ", a.scale.sizes());
+  const bool scalar_scale = a.scale.sym_numel() == 1 && a.scale.dim() <= 2;
+  const bool column_scale = (a.scale.dim() == 1 && a.scale.sym_size(0) == a.sym_N()) ||
+                            (a.scale.dim() == 2 && a.scale.sym_size(0) == 1 && a.scale.sym_size(1) == a.sym_N());
+  TORCH_CHECK(scalar_scale || column_scale, "scale must be a scalar, shape [1], or per column: shape [", a.sym_N(),
+              "] or [1, ", a.sym_N(), "]; got ", a.scale.sym_sizes());
   TORCH_CHECK(std::isfinite(a.eps) && a.eps >= 0.0, "eps must be finite and non-negative, got ", a.eps);
   if (a.momentum.has_value()) {
     TORCH_CHECK(*a.momentum >= 0.0 && *a.momentum <= 1.0, "momentum must be in [0, 1] or None, got ", *a.momentum);
@@ -77,8 +81,8 @@ void check_args(const OpArgs& a) {
     TORCH_CHECK(!a.uses_batch_stats() || !a.has_running_stats() || defined(a.num_batches_tracked),
                 "momentum=None (cumulative moving average) needs num_batches_tracked");
   }
-  TORCH_CHECK_VALUE(!(a.uses_batch_stats() && a.M() == 1),
-                    "Expected more than 1 value per channel when training, got input size [1, ", a.N(), "]");
+  TORCH_CHECK_VALUE(!(a.uses_batch_stats() && a.sym_M() == 1),
+                    "Expected more than 1 value per channel when training, got input size [1, ", a.sym_N(), "]");
   if (a.precision.has_value()) {
     TORCH_CHECK(*a.precision == "highest" || *a.precision == "tf32" || *a.precision == "high" ||
                     *a.precision == "medium",
@@ -92,8 +96,20 @@ void check_args(const OpArgs& a) {
 
 Outputs allocate_outputs(const OpArgs& a) {
   const auto f32 = a.x.options().dtype(at::kFloat);
-  return {at::empty({a.M(), a.N()}, a.x.options()), at::empty({a.N()}, f32), at::empty({a.N()}, f32),
-          at::empty({a.M(), a.N()}, f32)};
+  const c10::SymInt M = a.sym_M(), N = a.sym_N();
+  Outputs outs{at::empty_symint({M, N}, a.x.options()), at::empty_symint({N}, f32), at::empty_symint({N}, f32),
+               at::empty_symint({M, N}, f32)};
+  // Test aid: GEMM_BN_SOFTMAX_POISON=1 fills every output with NaN before the kernels run, so
+  // an element a kernel forgets to write shows up in the tests.
+  if (!a.x.is_meta()) {
+    if (const char* env = std::getenv("GEMM_BN_SOFTMAX_POISON"); env != nullptr && env[0] == '1') {
+      std::get<0>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
+      std::get<1>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
+      std::get<2>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
+      std::get<3>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
+    }
+  }
+  return outs;
 }
 
 MatmulPrecision resolve_precision(const OpArgs& a) {

@@ -31,6 +31,9 @@ struct OpArgs {
   const std::optional<std::string>& precision;
   const std::optional<std::string>& path;
 
+  // Concrete sizes (CPU / CUDA kernels) and symbolic ones (validation, Meta / dynamic shapes).
+  c10::SymInt sym_M() const { return x.sym_size(0); }
+  c10::SymInt sym_N() const { return weight.sym_size(0); }
   int64_t M() const { return x.size(0); }
   int64_t N() const { return weight.size(0); }
   int64_t K() const { return x.size(1); }

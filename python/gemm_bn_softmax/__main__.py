@@ -1,0 +1,111 @@
+"""Demo CLI: runs the headline problem (Linear 8192 -> 8192, batch 1024, KernelBench L2/84) with the
+fused op and with eager PyTorch, and prints time and error against a float64 reference.
+
+    python -m gemm_bn_softmax                       # best device; 1024x8192x8192 on CUDA, smaller on CPU
+    python -m gemm_bn_softmax --dtype bf16 --size 1024x8192x8192 --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+from . import FusedGemmBNSoftmax, dispatch_path
+from .reference import ReferenceModel
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _parse_size(text: str):
+    try:
+        m, n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--size must look like MxNxK (batch x out x in), got {text!r}")
+    if min(m, n, k) < 1:
+        raise argparse.ArgumentTypeError("--size: every dimension must be >= 1")
+    return m, n, k
+
+
+def _time_ms(fn, device: torch.device, iters: int, warmup: int):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gemm_bn_softmax", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=_parse_size, default=None,
+                   help="MxNxK: batch x out_features x in_features (default 1024x8192x8192 on CUDA, 256x1024x1024 on CPU)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                   help="fp32 (exact), tf32 (fp32 inputs, TF32 tensor cores), bf16, fp16; default bf16")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--eval", action="store_true", help="eval mode (running statistics) instead of training")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda requested but torch.cuda.is_available() is False")
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    m, n, k = args.size or ((1024, 8192, 8192) if device.type == "cuda" else (256, 1024, 1024))
+    dtype = DTYPES[args.dtype]
+    precision = "tf32" if args.dtype == "tf32" else ("highest" if args.dtype == "fp32" else None)
+    torch.manual_seed(args.seed)
+
+    ref = ReferenceModel(k, n).to(device)
+    fused = FusedGemmBNSoftmax(k, n, precision=precision).to(device)
+    fused.load_state_dict(ref.state_dict())
+    ref64 = copy.deepcopy(ref).double()
+    ref, fused = ref.to(dtype), fused.to(dtype)
+    for mod in (ref, fused, ref64):
+        mod.train(not args.eval)
+    x = torch.rand(m, k, device=device)  # KernelBench: x ~ U[0, 1)
+
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+    try:
+        with torch.no_grad():
+            want = ref64(x.double())
+            got = fused(x.to(dtype))
+            eager = ref(x.to(dtype))
+            err = ((got.double() - want).norm() / want.norm()).item()
+            err_eager = ((eager.double() - want).norm() / want.norm()).item()
+            stat_err = ((fused.bn.running_var.double() - ref64.bn.running_var).norm()
+                        / ref64.bn.running_var.norm()).item()
+            xd = x.to(dtype)
+            t_fused = _time_ms(lambda: fused(xd), device, args.iters, 5)
+            t_eager = _time_ms(lambda: ref(xd), device, args.iters, 5)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+
+    path = dispatch_path(xd, fused.gemm.weight, fused.gemm.bias, precision=precision)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    flops = 2.0 * m * n * k
+    print(f"device {name} | {args.dtype} | M={m} N={n} K={k} | {'eval' if args.eval else 'training'} | path {path}")
+    print(f"{'impl':<8}{'median ms':>12}{'min ms':>10}{'TFLOP/s':>10}{'rel err vs fp64':>18}")
+    print(f"{'fused':<8}{t_fused[0]:>12.4f}{t_fused[1]:>10.4f}{flops / t_fused[0] / 1e9:>10.1f}{err:>18.2e}")
+    print(f"{'eager':<8}{t_eager[0]:>12.4f}{t_eager[1]:>10.4f}{flops / t_eager[0] / 1e9:>10.1f}{err_eager:>18.2e}")
+    print(f"speedup vs eager: {t_eager[0] / t_fused[0]:.2f}x   running_var rel err: {stat_err:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

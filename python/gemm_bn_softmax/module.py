@@ -1,0 +1,68 @@
+"""``FusedGemmBNSoftmax``: a drop-in nn.Module for Linear -> BatchNorm1d -> scale -> Softmax(dim=1)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from .functional import gemm_bn_softmax
+
+
+class FusedGemmBNSoftmax(nn.Module):
+    """Same constructor, parameters, buffers and state_dict keys as the reference model
+    (``gemm.*``, ``bn.*``, ``scale``), so a reference state_dict loads unchanged.
+
+    The submodules only hold state; forward runs the fused op.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bn_eps: float = 1e-5,
+                 bn_momentum: Optional[float] = 0.1, scale_shape: Sequence[int] = (1,), *, bias: bool = True,
+                 affine: bool = True, track_running_stats: bool = True, precision: Optional[str] = None,
+                 device=None, dtype=None):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.gemm = nn.Linear(in_features, out_features, bias=bias, **factory)
+        self.bn = nn.BatchNorm1d(out_features, eps=bn_eps, momentum=bn_momentum, affine=affine,
+                                 track_running_stats=track_running_stats, **factory)
+        self.scale = nn.Parameter(torch.ones(tuple(scale_shape), **factory))
+        self.precision = precision
+
+    @classmethod
+    def from_modules(cls, linear: nn.Linear, bn: nn.BatchNorm1d, scale=None,
+                     precision: Optional[str] = None) -> "FusedGemmBNSoftmax":
+        """Wraps existing modules (sharing their parameters and buffers). ``scale``: a Parameter,
+        a tensor, a float, or None (1.0)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be nn.Linear, got {type(linear).__name__}")
+        if not isinstance(bn, nn.BatchNorm1d):
+            raise TypeError(f"bn must be nn.BatchNorm1d, got {type(bn).__name__}")
+        if bn.num_features != linear.out_features:
+            raise ValueError(f"bn.num_features ({bn.num_features}) != linear.out_features ({linear.out_features})")
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.gemm, self.bn, self.precision = linear, bn, precision
+        w = linear.weight
+        if scale is None or isinstance(scale, (int, float)):
+            value = 1.0 if scale is None else float(scale)
+            self.scale = nn.Parameter(torch.full((1,), value, device=w.device, dtype=w.dtype))
+        elif isinstance(scale, nn.Parameter):
+            self.scale = scale
+        else:
+            self.scale = nn.Parameter(scale.detach().clone())
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bn = self.bn
+        return gemm_bn_softmax(
+            x, self.gemm.weight, self.gemm.bias, bn.weight, bn.bias,
+            # nn.BatchNorm1d passes running stats unless training without tracking
+            bn.running_mean if (not self.training or bn.track_running_stats) else None,
+            bn.running_var if (not self.training or bn.track_running_stats) else None,
+            self.scale, training=self.training, momentum=bn.momentum, eps=bn.eps,
+            num_batches_tracked=bn.num_batches_tracked if (self.training and bn.track_running_stats) else None,
+            precision=self.precision)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.gemm.in_features}, out_features={self.gemm.out_features}, "
+                f"eps={self.bn.eps}, momentum={self.bn.momentum}, scale_shape={tuple(self.scale.shape)}")

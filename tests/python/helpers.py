@@ -1,0 +1,38 @@
+"""Reference computations for the tests: the reference model (shared/reference_model.py
+semantics) run in float64 on the same (rounded) parameters and inputs."""
+import copy
+
+import torch
+
+from gemm_bn_softmax.reference import ReferenceModel
+
+# Norm-wise relative error bounds vs float64 (design.md §2 accuracy table).
+TOL = {torch.float32: 1e-5, "tf32": 5e-4, torch.bfloat16: 7e-3, torch.float16: 1e-3}
+# Running statistics are stored in the module's dtype.
+STAT_TOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    assert not torch.isnan(got).any(), "NaN in output (unwritten element?)"
+    return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
+def make_models(k, n, dtype, device, momentum=0.1, scale_shape=(1,), seed=0, randomize=True):
+    """A reference model with non-trivial BN/scale parameters, its float64 twin and a fused copy."""
+    from gemm_bn_softmax import FusedGemmBNSoftmax
+
+    g = torch.Generator().manual_seed(seed)
+    ref = ReferenceModel(k, n, bn_momentum=momentum, scale_shape=scale_shape)
+    if randomize:
+        with torch.no_grad():
+            ref.bn.weight.copy_(0.5 + torch.rand(n, generator=g))
+            ref.bn.bias.copy_(torch.randn(n, generator=g) * 0.1)
+            ref.bn.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+            ref.bn.running_var.copy_(0.5 + torch.rand(n, generator=g))
+            ref.scale.copy_(1.0 + torch.rand(scale_shape, generator=g))
+    fused = FusedGemmBNSoftmax(k, n, bn_momentum=momentum, scale_shape=scale_shape)
+    fused.load_state_dict(ref.state_dict())
+    ref, fused = ref.to(device=device, dtype=dtype), fused.to(device=device, dtype=dtype)
+    ref64 = copy.deepcopy(ref).double()
+    return ref, ref64, fused

@@ -1,0 +1,104 @@
+"""Every invalid input raises a clear error naming the argument (CPU; CUDA when present)."""
+import pytest
+import torch
+
+from conftest import DEVICES, HAS_CUDA
+
+import gemm_bn_softmax as gbs  # loads the extension
+
+op = torch.ops.fused.gemm_bn_softmax.default
+
+
+def _args(device="cpu", m=8, n=6, k=4, dtype=torch.float32):
+    f = dict(device=device)
+    return dict(
+        x=torch.rand(m, k, dtype=dtype, **f), weight=torch.randn(n, k, dtype=dtype, **f),
+        bias=torch.randn(n, dtype=dtype, **f), bn_weight=torch.ones(n, **f), bn_bias=torch.zeros(n, **f),
+        running_mean=torch.zeros(n, **f), running_var=torch.ones(n, **f),
+        num_batches_tracked=torch.zeros((), dtype=torch.long, **f), scale=torch.ones(1, **f),
+        training=True, momentum=0.1, eps=1e-5)
+
+
+def _call(a):
+    return op(a["x"], a["weight"], a["bias"], a["bn_weight"], a["bn_bias"], a["running_mean"], a["running_var"],
+              a["num_batches_tracked"], a["scale"], a["training"], a["momentum"], a["eps"])
+
+
+CASES = [
+    ("x 3-D", lambda a: a.update(x=a["x"][None]), "x must be 2-D"),
+    ("weight 1-D", lambda a: a.update(weight=a["weight"][0]), "weight must be 2-D"),
+    ("K mismatch", lambda a: a.update(weight=torch.randn(6, 5, device=a["x"].device)), "must equal weight.size(1)"),
+    ("float64", lambda a: a.update(x=a["x"].double(), weight=a["weight"].double()), "unsupported dtype"),
+    ("int", lambda a: a.update(x=a["x"].int(), weight=a["weight"].int()), "unsupported dtype"),
+    ("dtype mix", lambda a: a.update(weight=a["weight"].half()), "weight dtype"),
+    ("bias length", lambda a: a.update(bias=a["bias"][:-1]), "bias must have shape"),
+    ("bias dtype", lambda a: a.update(bias=a["bias"].half()), "bias dtype"),
+    ("bn_weight length", lambda a: a.update(bn_weight=a["bn_weight"][:3]), "bn_weight must have shape"),
+    ("bn_bias alone", lambda a: a.update(bn_weight=None), "bn_weight and bn_bias"),
+    ("running_var length", lambda a: a.update(running_var=torch.ones(7, device=a["x"].device)), "running_var must have shape"),
+    ("running_var alone", lambda a: a.update(running_var=None), "running_mean and running_var"),
+    ("running int", lambda a: a.update(running_mean=a["running_mean"].long()), "running_mean must be float32"),
+    ("nbt dtype", lambda a: a.update(num_batches_tracked=torch.zeros((), device=a["x"].device)), "num_batches_tracked"),
+    ("batch 1", lambda a: a.update(x=a["x"][:1]), "Expected more than 1 value per channel when training"),
+    ("scale (2, N)", lambda a: a.update(scale=torch.ones(2, 6, device=a["x"].device)), "scale must be a scalar"),
+    ("scale (M, N)", lambda a: a.update(scale=torch.ones(8, 6, device=a["x"].device)), "scale must be a scalar"),
+    ("scale int", lambda a: a.update(scale=torch.ones(1, dtype=torch.long, device=a["x"].device)), "scale must be a floating"),
+    ("eps nan", lambda a: a.update(eps=float("nan")), "eps must be finite"),
+    ("eps negative", lambda a: a.update(eps=-1e-5), "eps must be finite and non-negative"),
+    ("momentum > 1", lambda a: a.update(momentum=1.5), "momentum must be in [0, 1]"),
+    ("momentum < 0", lambda a: a.update(momentum=-0.1), "momentum must be in [0, 1]"),
+    ("momentum None w/o nbt", lambda a: a.update(momentum=None, num_batches_tracked=None), "needs num_batches_tracked"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,mutate,message", CASES, ids=[c[0] for c in CASES])
+def test_invalid_input_raises(device, name, mutate, message):
+    a = _args(device)
+    mutate(a)
+    with pytest.raises((RuntimeError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        _call(a)
+
+
+def test_batch_one_is_value_error_like_pytorch():
+    a = _args()
+    a["x"] = a["x"][:1]
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        _call(a)
+
+
+def test_eval_batch_one_is_fine():
+    a = _args()
+    a["x"], a["training"] = a["x"][:1], False
+    assert _call(a)[0].shape == (1, 6)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_mixed_devices_raise():
+    a = _args("cpu")
+    a["weight"] = a["weight"].cuda()
+    with pytest.raises(RuntimeError, match="weight is on cuda"):
+        _call(a)
+    a = _args("cuda")
+    a["running_mean"] = a["running_mean"].cpu()
+    with pytest.raises(RuntimeError, match="running_mean is on cpu"):
+        _call(a)
+
+
+def test_bad_precision_and_path_strings():
+    a = _args()
+    with pytest.raises(RuntimeError, match="precision must be"):
+        op(*[a[k] for k in ("x", "weight", "bias", "bn_weight", "bn_bias", "running_mean", "running_var",
+                            "num_batches_tracked", "scale", "training", "momentum", "eps")], "fast")
+    with pytest.raises(RuntimeError, match="path must be"):
+        gbs.gemm_bn_softmax(a["x"], a["weight"], path="turbo")
+
+
+def test_functional_scale_type_error():
+    with pytest.raises(TypeError, match="scale must be a float or a tensor"):
+        gbs.gemm_bn_softmax(torch.rand(4, 3), torch.rand(2, 3), scale="2")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only behaviour")
+def test_dispatch_path_cpu():
+    assert gbs.dispatch_path(torch.rand(4, 3), torch.rand(2, 3)) == "cpu"

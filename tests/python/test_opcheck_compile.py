@@ -1,0 +1,53 @@
+"""torch.library.opcheck (schema, fake/Meta kernel, mutation annotations) and torch.compile."""
+import pytest
+import torch
+
+from conftest import DEVICES
+from helpers import make_models, rel_err
+
+import gemm_bn_softmax as gbs
+
+op = torch.ops.fused.gemm_bn_softmax.default
+
+
+def _sample(device, dtype=torch.float32, training=True, momentum=0.1, scale_n=False, bias=True, affine=True):
+    m, n, k = 12, 10, 16
+    f = dict(device=device)
+    return (torch.rand(m, k, dtype=dtype, **f), torch.randn(n, k, dtype=dtype, **f),
+            torch.randn(n, dtype=dtype, **f) if bias else None,
+            torch.rand(n, **f) + 0.5 if affine else None, torch.randn(n, **f) if affine else None,
+            torch.randn(n, **f), torch.rand(n, **f) + 0.5, torch.zeros((), dtype=torch.long, **f),
+            torch.rand(n if scale_n else 1, **f) + 0.5, training, momentum, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("variant", ["train", "eval", "momentum_none", "per_column_scale", "no_bias_no_affine"])
+def test_opcheck(device, dtype, variant):
+    kw = {"train": {}, "eval": {"training": False}, "momentum_none": {"momentum": None},
+          "per_column_scale": {"scale_n": True}, "no_bias_no_affine": {"bias": False, "affine": False}}[variant]
+    torch.library.opcheck(op, _sample(device, dtype, **kw))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_module(device):
+    ref, ref64, fused = make_models(16, 10, torch.float32, device)
+    compiled = torch.compile(fused, fullgraph=True, backend="inductor")
+    for step in range(2):
+        x = torch.rand(12, 16, device=device)
+        with torch.no_grad():
+            got = compiled(x)
+            want = ref64(x.double())
+        assert rel_err(got, want) <= 1e-5
+        assert rel_err(fused.bn.running_var, ref64.bn.running_var) <= 2e-6  # mutation survives compile
+        assert fused.bn.num_batches_tracked.item() == step + 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_functional_float_scale(device):
+    def f(x, w, b):
+        return gbs.gemm_bn_softmax(x, w, b, scale=2.0) * 3.0
+
+    x, w, b = torch.rand(9, 7, device=device), torch.randn(5, 7, device=device), torch.randn(5, device=device)
+    got = torch.compile(f, fullgraph=True)(x, w, b)
+    assert torch.allclose(got, f(x, w, b), rtol=1e-5, atol=1e-7)
