@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Fills .device_cache/ (git-ignored) with what the H200 lacks: the pinned nvidia-cutlass wheel
+# (CUTLASS headers) and Debian's googletest sources. Pass `carry: [".device_cache"]` to the device tool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .device_cache
+cd .device_cache
+ls nvidia_cutlass-4.2.0.0-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps nvidia-cutlass==4.2.0.0 -d .
+ls googletest_*.deb >/dev/null 2>&1 || { apt-get update -qq; apt-get download googletest libgtest-dev; }
+ls -la
