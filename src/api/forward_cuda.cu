@@ -55,19 +55,17 @@ bool sm90_compiled() {
 Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
   if (!sm90_compiled()) return {StatusCode::kNotSupported, "sm90 kernels not compiled into this build"};
   if (p.dtype == ElementType::kFloat32 && p.precision != MatmulPrecision::kTF32)
-    return {StatusCode::kNotSupported, "sm90 path: exact fp32 needs the generic path (no TF32 allowed)"};
-  // TMA: 16-byte aligned base addresses and row strides; y rows padded to 4 floats.
+    return {StatusCode::kNotSupported, "exact fp32 (precision 'highest') runs on the generic path"};
+  if (p.M == 0 || p.N == 0 || p.K == 0) return {StatusCode::kNotSupported, "empty problem"};
+  // TMA: 16-byte aligned base addresses and row strides of x and W; y stored with N % 4 == 0.
   const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
   if (p.K % per16 != 0 || b.ldx % per16 != 0 || b.ldw % per16 != 0)
-    return {StatusCode::kNotSupported, "sm90 path: K and row strides of x, W must be 16-byte multiples"};
-  if (!aligned16(b.x) || !aligned16(b.weight) || !aligned16(b.y) || b.ldy % 4 != 0)
-    return {StatusCode::kNotSupported, "sm90 path: x, W, y must be 16-byte aligned (y rows too)"};
-  if (b.bias != nullptr && !aligned16(b.bias))
-    return {StatusCode::kNotSupported, "sm90 path: bias must be 16-byte aligned"};
-  if (p.N % per16 != 0) return {StatusCode::kNotSupported, "sm90 path: N must be a multiple of 16 bytes of elements"};
-  if (p.M == 0 || p.N == 0 || p.K == 0) return {StatusCode::kNotSupported, "sm90 path: empty problem"};
+    return {StatusCode::kNotSupported, "K and the row strides of x and W must be multiples of 16 bytes (TMA)"};
+  if (p.N % 4 != 0 || b.ldy % 4 != 0) return {StatusCode::kNotSupported, "N must be a multiple of 4 (TMA store of y)"};
+  if (!aligned16(b.x) || !aligned16(b.weight) || !aligned16(b.y))
+    return {StatusCode::kNotSupported, "x, W and y must be 16-byte aligned (TMA)"};
   if (p.M > 0x7fffffff || p.N > 0x7fffffff || p.K > 0x7fffffff)
-    return {StatusCode::kNotSupported, "sm90 path: dimensions must fit in int32"};
+    return {StatusCode::kNotSupported, "dimensions must fit in int32"};
   return Status::Ok();
 }
 

@@ -1,0 +1,428 @@
+// Sm90ColumnPartials: an sm90 epilogue visitor tree (EVT) node that writes per-CTA-tile column
+// statistics (mean, M2) of its input, modelled on cutlass::epilogue::fusion::Sm90RowReduction with
+// FinalReduction = false (one slot per (CTA row tile, column), plain stores, no atomics, no workspace).
+//
+//   partials layout, n-major:   mean[m_tile * ld + n],  m2[m_tile * ld + n]
+//     m_tile in [0, ceil(M / CTA_M)),  ld = round_up(N, CTA_N)
+//     mean = mean of the node input over the valid rows (rows < M) of the CTA row tile, plus bias[n]
+//     m2   = sum over those rows of (input - mean)^2
+//   The count of a slot is min(CTA_M, M - m_tile * CTA_M): it follows from the geometry.
+//   Columns in [N, ld) are written with the statistics of the zero-filled OOB accumulators.
+//   A CTA that lies wholly past M (possible inside a partially OOB cluster) writes nothing.
+//
+// Numerics. Raw sums of y and y^2 lose the variance when |mean| / std is large. Instead:
+//   1. per thread and column: shifted sums  K = the thread's first visited value of the column,
+//      S1 = sum(v - K), S2 = sum((v - K)^2)   (v - K is exact when |mean| >> std: Sterbenz);
+//   2. per thread: M2 = S2 - S1^2 / n;  the state (n, K, S1, M2) has mean = K + S1 / n;
+//   3. merge across the lanes of a warp (swap-shuffle butterfly) and across the warps (smem) with
+//      Chan's formula in the shifted frame:
+//        dK = K_b - K_a,  delta = dK + S1_b/n_b - S1_a/n_a,
+//        M2 = M2_a + M2_b + delta^2 n_a n_b / n,   S1 = S1_a + S1_b + n_b dK,   K = K_a,
+//      so that mean differences are never formed from two rounded large means.
+//   All merges happen in a fixed order (lower lane / lower warp is operand a): bitwise
+//   deterministic. Invalid rows (row >= M, zero-filled by TMA) are skipped.
+//
+// Intended placement: reduce the accumulator *before* the bias is added (the bias is folded into
+// the reported mean at the end; M2 does not change):
+//   Sm90EVT<Sm90Compute<plus>, Sm90EVT<Sm90ColumnPartials<...>, Sm90AccFetch>, Sm90RowBroadcast<bias>>
+//
+// Registers. Every per-thread array (K, S1, S2 per column) is indexed with compile-time constants only
+// (cute::for_each over make_int_sequence, or tensor slices inside the collective's unrolled loops):
+// the stock Sm90RowReduction's `m /= 2` loops are not unrolled by nvcc 13 and spill to local memory.
+#pragma once
+
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
+#include "cute/tensor.hpp"
+
+namespace fused::epilogue {
+
+using namespace cute;
+using cutlass::epilogue::fusion::ConsumerStoreArgs;
+using cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks;
+using cutlass::epilogue::fusion::EmptyProducerLoadCallbacks;
+using cutlass::epilogue::fusion::ProducerLoadArgs;
+using cutlass::Array;
+using cutlass::NumThreadsPerWarp;
+using cutlass::canonical_lane_idx;
+
+template <
+  class CtaTileShapeMNK_,      // (CTA_M,CTA_N,CTA_K), static; fixes the partials format
+  class ElementBias_,          // element type of the bias folded into the reported mean (may be null)
+  bool EnableNullptr_ = true   // ptr_mean == nullptr at run time: the node is a pure pass-through
+>
+struct Sm90ColumnPartials {
+  using CtaTileShapeMNK = CtaTileShapeMNK_;
+  using ElementBias = ElementBias_;
+  using ElementCompute = float;
+  static constexpr bool EnableNullptr = EnableNullptr_;
+  static constexpr int CtaM = size<0>(CtaTileShapeMNK{});
+  static constexpr int CtaN = size<1>(CtaTileShapeMNK{});
+  static_assert(is_static_v<CtaTileShapeMNK>, "CTA tile must be static");
+
+  struct SharedStorage { };
+
+  struct Arguments {
+    float* ptr_mean = nullptr;               // (ceil(M/CTA_M), round_up(N,CTA_N)) n-major, or null
+    float* ptr_m2 = nullptr;                 // same layout as ptr_mean
+    ElementBias const* ptr_bias = nullptr;   // (N) added to the reported mean, or null
+  };
+
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params
+  to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+
+  template <class ProblemShape>
+  static bool
+  can_implement(ProblemShape const&, Arguments const& args) {
+    return (args.ptr_mean == nullptr) == (args.ptr_m2 == nullptr) &&
+           (EnableNullptr || args.ptr_mean != nullptr);
+  }
+
+  template <class ProblemShape>
+  static size_t
+  get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  template <class ProblemShape>
+  static cutlass::Status
+  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                       cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  CUTLASS_HOST_DEVICE Sm90ColumnPartials() { }
+  CUTLASS_HOST_DEVICE Sm90ColumnPartials(Params const& params, SharedStorage const&) : params(params) { }
+
+  Params params;
+
+  template <class... Args>
+  CUTLASS_DEVICE auto
+  get_producer_load_callbacks(ProducerLoadArgs<Args...> const&) {
+    return EmptyProducerLoadCallbacks{};
+  }
+
+  // Chan merge of (na, Ka, S1a, M2a) and (nb, Kb, S1b, M2b) in the shifted frame; the per-merge
+  // scalars depend only on the counts, which are uniform over a thread's columns.
+  struct MergeScalars {
+    float wa, wb, c, nb;   // 1/na (0 if na==0), 1/nb (0 if nb==0), na*nb/n (0 if n==0), nb
+    bool a_empty;
+    CUTLASS_DEVICE static MergeScalars make(int na, int nb) {
+      MergeScalars s;
+      int n = na + nb;
+      s.wa = na > 0 ? 1.0f / float(na) : 0.0f;
+      s.wb = nb > 0 ? 1.0f / float(nb) : 0.0f;
+      s.c = n > 0 ? float(na) * float(nb) / float(n) : 0.0f;
+      s.nb = float(nb);
+      s.a_empty = na == 0;
+      return s;
+    }
+  };
+
+  CUTLASS_DEVICE static void
+  chan_merge(MergeScalars const& s, float Ka, float S1a, float M2a, float Kb, float S1b, float M2b,
+             float& K, float& S1, float& M2) {
+    float K0 = s.a_empty ? Kb : Ka;             // an empty side must not move the shift
+    float dK = Kb - K0;                         // exact when the means are close (Sterbenz)
+    float delta = dK + (S1b * s.wb - S1a * s.wa);
+    M2 = M2a + M2b + delta * delta * s.c;
+    S1 = S1a + S1b + s.nb * dK;
+    K = K0;
+  }
+
+  template <
+    class RTensor,          // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) fp32 registers, stride 0 over the M modes
+    class CTensor,          // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) static coordinates relative to the thread
+    class OrdTensor,        // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) -> visit ordinal of the element in its column
+    class ThrResidue,       // (m,n) residue relative to the thread's first element
+    class LaneLayoutMN,     // lane_mn -> lane_idx
+    class WarpLayoutMN,     // warp_mn -> warp_idx
+    class EpiTile,          // (EPI_TILE_M,EPI_TILE_N)
+    class TiledCopy         // reference tiled copy of the collective
+  >
+  struct ConsumerStoreCallbacks : EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE
+    ConsumerStoreCallbacks(RTensor&& tCrK_, RTensor&& tCrS1_, RTensor&& tCrS2_, CTensor tCcD_, OrdTensor tCoD_,
+                           ThrResidue residue_tCcD_, LaneLayoutMN lane_layout_MN_, int lane_m_,
+                           WarpLayoutMN warp_layout_MN_, int warp_m_, bool cta_has_rows_,
+                           int m_tile_, int n_tile_, int N_, EpiTile epi_tile_,
+                           TiledCopy tiled_copy_, int thread_idx_, Params const& params_)
+      : tCrK(cute::forward<RTensor>(tCrK_)), tCrS1(cute::forward<RTensor>(tCrS1_)),
+        tCrS2(cute::forward<RTensor>(tCrS2_)), tCcD(tCcD_), tCoD(tCoD_), residue_tCcD(residue_tCcD_),
+        lane_layout_MN(lane_layout_MN_), lane_m(lane_m_), warp_layout_MN(warp_layout_MN_), warp_m(warp_m_),
+        cta_has_rows(cta_has_rows_), m_tile(m_tile_), n_tile(n_tile_), N(N_),
+        epi_tile(epi_tile_), tiled_copy(tiled_copy_), thread_idx(thread_idx_), params(params_) { }
+
+    RTensor tCrK;                     // shift K per column             (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    RTensor tCrS1;                    // sum (v - K)                    (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    RTensor tCrS2;                    // sum (v - K)^2, later M2        (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    CTensor tCcD;                     // relative coordinates           (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    OrdTensor tCoD;                   // visit ordinal within column    (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    ThrResidue residue_tCcD;          // (m,n)
+    LaneLayoutMN lane_layout_MN;
+    int lane_m;
+    WarpLayoutMN warp_layout_MN;
+    int warp_m;
+    bool cta_has_rows;                // false: CTA wholly past M (or N) in a partially OOB cluster
+    int m_tile, n_tile, N;
+    EpiTile epi_tile;
+    TiledCopy tiled_copy;
+    int thread_idx;
+    Params const& params;
+
+    CUTLASS_DEVICE bool enabled() const {
+      return not EnableNullptr || params.ptr_mean != nullptr;
+    }
+
+    template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
+    CUTLASS_DEVICE Array<ElementInput, FragmentSize>
+    visit(Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
+          Array<ElementInput, FragmentSize> const& frg_input) {
+      if (not enabled()) {
+        return frg_input;
+      }
+      Tensor tCrK_mn = tCrK(_,_,_,epi_m,epi_n);                                 // (CPY,CPY_M,CPY_N)
+      Tensor tCrS1_mn = tCrS1(_,_,_,epi_m,epi_n);                               // (CPY,CPY_M,CPY_N)
+      Tensor tCrS2_mn = tCrS2(_,_,_,epi_m,epi_n);                               // (CPY,CPY_M,CPY_N)
+      Tensor tCcD_mn = tCcD(_,_,_,epi_m,epi_n);                                 // (CPY,CPY_M,CPY_N)
+      Tensor tCoD_mn = tCoD(_,_,_,epi_m,epi_n);                                 // (CPY,CPY_M,CPY_N)
+      // Indices below are compile-time constants once the collective's loops are unrolled.
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        int idx = epi_v * FragmentSize + i;
+        if (get<0>(tCcD_mn(idx)) < get<0>(residue_tCcD)) {                     // row < M
+          float v = static_cast<float>(frg_input[i]);
+          if (tCoD_mn(idx) == 0) {
+            tCrK_mn(idx) = v;                                                   // first visit: the shift
+          }
+          else {
+            float d = v - tCrK_mn(idx);
+            tCrS1_mn(idx) += d;
+            tCrS2_mn(idx) = fmaf(d, d, tCrS2_mn(idx));
+          }
+        }
+      }
+      return frg_input;
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void
+    reduce(STensor&& smem_buffer, SyncFn const& sync_fn, int, int, bool is_last_iteration, VTensor) {
+      if (not is_last_iteration || not enabled() || not cta_has_rows) {
+        return;   // all three are uniform over the CTA's consumer threads
+      }
+
+      // 1. This thread's count of valid rows: its elements in its first column (relative col 0).
+      int n_thr = 0;
+      for_each(make_int_sequence<decltype(size(tCcD))::value>{}, [&](auto e) {
+        auto crd = tCcD(e);
+        if (get<1>(crd) == 0 && get<0>(crd) < get<0>(residue_tCcD)) { ++n_thr; }
+      });
+
+      Tensor fK = filter(tCrK);                                                  // (COLS)
+      Tensor fS1 = filter(tCrS1);                                                // (COLS)
+      Tensor fM2 = filter(tCrS2);                                                // (COLS)
+      constexpr int Cols = decltype(size(fK))::value;
+      {
+        float inv_n = n_thr > 0 ? 1.0f / float(n_thr) : 0.0f;
+        for_each(make_int_sequence<Cols>{}, [&](auto j) {
+          float m2 = fM2(j) - fS1(j) * fS1(j) * inv_n;                            // S2 -> M2
+          fM2(j) = m2 < 0.0f ? 0.0f : m2;                                        // keeps NaN
+        });
+      }
+
+      // 2. Warp: swap-shuffle butterfly over the lanes that share columns. At the stage with
+      //    lane-M distance m, the lane with (lane_m & m) == 0 keeps the lower half of its live
+      //    chunks and sends the upper half; its partner does the opposite. After all stages lane
+      //    lane_m holds chunk lane_m (Cols / LanesM consecutive entries) reduced over the warp's rows.
+      constexpr int LanesM = decltype(size<0>(lane_layout_MN))::value;
+      static_assert(Cols % LanesM == 0, "columns per thread must split over the lanes in M");
+      constexpr int Chunk = Cols / LanesM;
+      constexpr int Stages = cute::log_2(static_cast<unsigned>(LanesM));
+      static_assert((1 << Stages) == LanesM, "lanes in M must be a power of two");
+
+      for_each(make_int_sequence<Stages>{}, [&](auto s) {
+        constexpr int m = LanesM >> (decltype(s)::value + 1);   // lane-M distance of this stage
+        constexpr int Half = m * Chunk;                          // live entries: [0, 2*Half)
+        int lane_xor = lane_layout_MN(m, _0{});
+        bool upper = (lane_m & m) != 0;
+        int n_partner = __shfl_xor_sync(0xFFFFFFFF, n_thr, lane_xor);
+        int na = upper ? n_partner : n_thr;
+        int nb = upper ? n_thr : n_partner;
+        MergeScalars ms = MergeScalars::make(na, nb);
+        for_each(make_int_sequence<Half>{}, [&](auto r) {
+          constexpr int lo = decltype(r)::value;
+          constexpr int hi = lo + Half;
+          float keepK  = upper ? fK(Int<hi>{})  : fK(Int<lo>{});
+          float keepS1 = upper ? fS1(Int<hi>{}) : fS1(Int<lo>{});
+          float keepM2 = upper ? fM2(Int<hi>{}) : fM2(Int<lo>{});
+          float sendK  = upper ? fK(Int<lo>{})  : fK(Int<hi>{});
+          float sendS1 = upper ? fS1(Int<lo>{}) : fS1(Int<hi>{});
+          float sendM2 = upper ? fM2(Int<lo>{}) : fM2(Int<hi>{});
+          float recvK  = __shfl_xor_sync(0xFFFFFFFF, sendK, lane_xor);
+          float recvS1 = __shfl_xor_sync(0xFFFFFFFF, sendS1, lane_xor);
+          float recvM2 = __shfl_xor_sync(0xFFFFFFFF, sendM2, lane_xor);
+          // operand a = the lower lane's data, b = the upper lane's data
+          float Ka = upper ? recvK : keepK,   Kb = upper ? keepK : recvK;
+          float S1a = upper ? recvS1 : keepS1, S1b = upper ? keepS1 : recvS1;
+          float M2a = upper ? recvM2 : keepM2, M2b = upper ? keepM2 : recvM2;
+          chan_merge(ms, Ka, S1a, M2a, Kb, S1b, M2b, fK(Int<lo>{}), fS1(Int<lo>{}), fM2(Int<lo>{}));
+        });
+        n_thr = na + nb;
+      });
+
+      // 3. CTA: dump each warp's partial to smem (the current D staging buffer, as Sm90RowReduction).
+      constexpr int WarpsM = decltype(size<0>(warp_layout_MN))::value;
+      constexpr int NumThreads = decltype(size(tiled_copy))::value;
+      auto sBuf_layout = make_layout(make_shape(Int<CtaM>{}, Int<CtaN>{}, Int<WarpsM>{}),
+                                     make_stride(_0{}, _1{}, Int<CtaN>{}));                  // (CTA_M,CTA_N,WARPS_M)
+      constexpr int BufElems = CtaN * WarpsM;
+      static_assert((3 * BufElems + WarpsM) * sizeof(float) <=
+                    decltype(cosize(smem_buffer.layout()))::value * sizeof(typename remove_cvref_t<STensor>::value_type),
+                    "smem reduction buffer not large enough, use a larger epilogue tile");
+      float* smem = reinterpret_cast<float*>(raw_pointer_cast(smem_buffer.data()));
+      Tensor sK  = make_tensor(make_smem_ptr(smem), sBuf_layout);
+      Tensor sS1 = make_tensor(make_smem_ptr(smem + BufElems), sBuf_layout);
+      Tensor sM2 = make_tensor(make_smem_ptr(smem + 2 * BufElems), sBuf_layout);
+      int* sCount = reinterpret_cast<int*>(smem + 3 * BufElems);                             // (WARPS_M)
+
+      sync_fn();   // the staging buffer may still be read by other threads
+
+      {
+        constexpr bool RefSrc = true;
+        Tensor tCsK  = filter(cutlass::epilogue::fusion::sm90_partition_for_epilogue<RefSrc>(
+                         sK(_,_,warp_m), epi_tile, tiled_copy, thread_idx));                  // (COLS)
+        Tensor tCsS1 = filter(cutlass::epilogue::fusion::sm90_partition_for_epilogue<RefSrc>(
+                         sS1(_,_,warp_m), epi_tile, tiled_copy, thread_idx));                 // (COLS)
+        Tensor tCsM2 = filter(cutlass::epilogue::fusion::sm90_partition_for_epilogue<RefSrc>(
+                         sM2(_,_,warp_m), epi_tile, tiled_copy, thread_idx));                 // (COLS)
+        static_assert(decltype(size(tCsK))::value == Cols, "smem and register partitions disagree");
+        for_each(make_int_sequence<Chunk>{}, [&](auto i) {
+          int f = lane_m * Chunk + decltype(i)::value;   // original filtered index of this entry
+          tCsK(f) = fK(i);
+          tCsS1(f) = fS1(i);
+          tCsM2(f) = fM2(i);
+        });
+        if (canonical_lane_idx() == 0) {
+          sCount[warp_m] = n_thr;
+        }
+      }
+
+      sync_fn();
+
+      // 4. One thread per column merges the warps in a fixed pairwise tree, folds in the bias,
+      //    and stores the tile's partial with plain (coalesced) stores.
+      static_assert(CtaN <= NumThreads, "one consumer thread per tile column");
+      if (thread_idx < CtaN) {
+        int col = thread_idx;
+        float K[WarpsM], S1[WarpsM], M2[WarpsM];
+        int n[WarpsM];
+        for_each(make_int_sequence<WarpsM>{}, [&](auto w) {
+          K[w] = sK(0, col, w);
+          S1[w] = sS1(0, col, w);
+          M2[w] = sM2(0, col, w);
+          n[w] = sCount[w];
+        });
+        for_each(make_int_sequence<cute::log_2(static_cast<unsigned>(WarpsM))>{}, [&](auto s) {
+          constexpr int step = 1 << decltype(s)::value;
+          for_each(make_int_sequence<WarpsM / (2 * step)>{}, [&](auto p) {
+            constexpr int a = decltype(p)::value * 2 * step;
+            constexpr int b = a + step;
+            MergeScalars ms = MergeScalars::make(n[a], n[b]);
+            chan_merge(ms, K[a], S1[a], M2[a], K[b], S1[b], M2[b], K[a], S1[a], M2[a]);
+            n[a] = n[a] + n[b];
+          });
+        });
+        static_assert((WarpsM & (WarpsM - 1)) == 0, "warps in M must be a power of two");
+        float mean = n[0] > 0 ? K[0] + S1[0] / float(n[0]) : 0.0f;
+        int gcol = n_tile * CtaN + col;
+        if (params.ptr_bias != nullptr && gcol < N) {
+          mean += static_cast<float>(params.ptr_bias[gcol]);
+        }
+        int64_t ld = int64_t((N + CtaN - 1) / CtaN) * CtaN;
+        int64_t offset = int64_t(m_tile) * ld + gcol;
+        params.ptr_mean[offset] = mean;
+        params.ptr_m2[offset] = M2[0];
+      }
+
+      sync_fn();   // the collective reuses the staging buffer right after reduce()
+    }
+  };
+
+  template <
+    bool ReferenceSrc,  // do register tensors reference the src or dst layout of the tiled copy
+    class... Args
+  >
+  CUTLASS_DEVICE auto
+  get_consumer_store_callbacks(ConsumerStoreArgs<Args...> const& args) {
+    // Lane and warp layouts over the epilogue tile, exactly as Sm90RowReduction derives them.
+    Layout ref_layout_MN = [&] () {
+      auto mn_shape = shape(typename decltype(args.tiled_copy)::Tiler_MN{});
+      if constexpr (ReferenceSrc) { return right_inverse(args.tiled_copy.get_layoutS_TV()).with_shape(mn_shape); }
+      else                        { return right_inverse(args.tiled_copy.get_layoutD_TV()).with_shape(mn_shape); }
+    }();                                                                                        // tile_mn -> tv_idx
+    using _W = Int<decltype(args.tiled_copy)::TiledNumThr::value / NumThreadsPerWarp>;
+    Layout tv2lane = Layout<Shape<Int<NumThreadsPerWarp>,_W,_1>,Stride<_1,_0,_0>>{};           //   tv_idx -> lane_idx
+    Layout ref2lane = composition(tv2lane, ref_layout_MN);                                     //  tile_mn -> lane_idx
+    Layout lane_layout_MN = make_layout(filter(get<0>(ref2lane)), filter(get<1>(ref2lane)));   //  lane_mn -> lane_idx
+    Layout inv_lane_layout_MN = right_inverse(lane_layout_MN);                                 // lane_idx -> lane_mn
+    int lane_idx = canonical_lane_idx();
+    auto lane_mn = idx2crd(inv_lane_layout_MN(lane_idx), shape(lane_layout_MN));
+
+    Layout tv2warp = Layout<Shape<Int<NumThreadsPerWarp>,_W,_1>,Stride<_0,_1,_0>>{};           //   tv_idx -> warp_idx
+    Layout ref2warp = composition(tv2warp, ref_layout_MN);                                     //  tile_mn -> warp_idx
+    Layout warp_layout_MN = make_layout(filter(get<0>(ref2warp)), filter(get<1>(ref2warp)));   //  warp_mn -> warp_idx
+    Layout inv_warp_layout_MN = right_inverse(warp_layout_MN);                                 // warp_idx -> warp_mn
+    int warp_idx = args.thread_idx / NumThreadsPerWarp;
+    auto warp_mn = idx2crd(inv_warp_layout_MN(warp_idx), shape(warp_layout_MN));
+
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto [m, n, k, l] = args.tile_coord_mnkl;
+    auto cta_mn = take<0,2>(args.tile_shape_mnk);
+
+    // Row-broadcast reference (stride 0 along M): its register image holds one value per column.
+    Tensor gRowRef = make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)),
+                                 make_layout(cta_mn, make_stride(_0{}, _1{})));                 // (CTA_M,CTA_N)
+    Tensor tCgRow = cutlass::epilogue::fusion::sm90_partition_for_epilogue<ReferenceSrc>(
+                      gRowRef, args.epi_tile, args.tiled_copy, args.thread_idx);             // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    Tensor tCrK = make_tensor_like<float>(tCgRow);                                            // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    Tensor tCrS1 = make_tensor_like<float>(tCgRow);
+    Tensor tCrS2 = make_tensor_like<float>(tCgRow);
+    fill(tCrK, 0.0f);
+    fill(tCrS1, 0.0f);
+    fill(tCrS2, 0.0f);
+
+    // Column-broadcast reference (stride 0 along N), numbered compactly in *mode* order: the
+    // collective visits (CPY,CPY_M,CPY_N) colexicographically and then EPI_M in increasing order,
+    // so ordinal 0 is the first element of each column that the thread visits.
+    Tensor gColRef = make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)),
+                                 make_layout(cta_mn, make_stride(_1{}, _0{})));                 // (CTA_M,CTA_N)
+    Tensor tCgCol = cutlass::epilogue::fusion::sm90_partition_for_epilogue<ReferenceSrc>(
+                      gColRef, args.epi_tile, args.tiled_copy, args.thread_idx);             // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    auto ord_layout = make_layout(tCgCol.shape(),
+                                  compact_col_major(filter_zeros(tCgCol.stride(), tCgCol.shape())));
+    Tensor tCoD = make_coord_tensor(ord_layout);                                              // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    static_assert(is_static_v<decltype(ord_layout)>, "ordinal layout must be static");
+    static_assert(is_static_v<decltype(args.tCcD.layout())>, "thread coordinates must be static");
+
+    bool cta_has_rows = elem_less(args.cD(_0{},_0{}), args.residue_cD);
+
+    return ConsumerStoreCallbacks<decltype(tCrK), decltype(args.tCcD), decltype(tCoD),
+                                  decltype(args.residue_tCcD), decltype(lane_layout_MN),
+                                  decltype(warp_layout_MN), decltype(args.epi_tile),
+                                  decltype(args.tiled_copy)>(
+      cute::move(tCrK), cute::move(tCrS1), cute::move(tCrS2), args.tCcD, tCoD, args.residue_tCcD,
+      lane_layout_MN, int(get<0>(lane_mn)), warp_layout_MN, int(get<0>(warp_mn)), cta_has_rows,
+      int(m), int(n), int(N), args.epi_tile, args.tiled_copy, args.thread_idx, params);
+  }
+};
+
+}  // namespace fused::epilogue

@@ -1,0 +1,355 @@
+// Tests of the sm90 GEMM + per-tile column statistics kernels (fused::sm90), without torch.
+// Each test skips unless a CUDA device of compute capability 9.x is present.
+#include <gtest/gtest.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/sm90/gemm_stats_sm90.h"
+
+namespace {
+
+using fused::ElementType;
+using fused::Status;
+using fused::StatusCode;
+namespace sm90 = fused::sm90;
+
+bool have_sm90() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major == 9;
+}
+
+#define SKIP_UNLESS_SM90()                                                   \
+  do {                                                                       \
+    if (!have_sm90()) GTEST_SKIP() << "needs a CUDA device of compute capability 9.x"; \
+  } while (0)
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+const char* name_of(ElementType t) {
+  return t == ElementType::kBFloat16 ? "bf16" : t == ElementType::kFloat16 ? "fp16" : "tf32";
+}
+
+// Host element storage: bf16/fp16 as raw 16-bit, fp32 as float. `round` returns the value the kernel
+// sees (the input rounded to the element type), `pack` writes it into the byte buffer.
+struct HostTensor {
+  ElementType type;
+  std::vector<uint8_t> bytes;
+  std::vector<double> values;  // the exact values the device sees
+  HostTensor(ElementType t, size_t n) : type(t), bytes(n * fused::element_size(t)), values(n) {}
+  void set(size_t i, float v) {
+    if (type == ElementType::kBFloat16) {
+      __nv_bfloat16 h = __float2bfloat16_rn(v);
+      std::memcpy(&bytes[i * 2], &h, 2);
+      values[i] = double(__bfloat162float(h));
+    } else if (type == ElementType::kFloat16) {
+      __half h = __float2half_rn(v);
+      std::memcpy(&bytes[i * 2], &h, 2);
+      values[i] = double(__half2float(h));
+    } else {
+      std::memcpy(&bytes[i * 4], &v, 4);
+      values[i] = double(v);
+    }
+  }
+};
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    if (count && cudaMalloc(&ptr, count * sizeof(T)) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { if (ptr) cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+Status launch(ElementType t, const sm90::GemmStatsArgs& a, void* ws, cudaStream_t s) {
+  switch (t) {
+    case ElementType::kBFloat16: return sm90::run_gemm_stats_bf16(a, ws, s);
+    case ElementType::kFloat16: return sm90::run_gemm_stats_fp16(a, ws, s);
+    case ElementType::kFloat32: return sm90::run_gemm_stats_tf32(a, ws, s);
+  }
+  return {StatusCode::kInvalidArgument, "bad type"};
+}
+
+struct Case {
+  ElementType type = ElementType::kBFloat16;
+  int64_t M = 0, N = 0, K = 0;
+  bool bias = true;
+  bool stats = true;               // false: eval mode (partials.mean == nullptr)
+  int64_t ldy_pad = 0;             // ldy = N + ldy_pad
+  double bias_scale = 1.0;         // bias ~ U(-1,1) * bias_scale
+  bool large_acc_mean = false;     // x[:, 0] = 2048, W[:, 0] = 1  ->  |acc mean| / std ~ 1e3
+  bool check_determinism = false;
+};
+
+struct Result {
+  double y_rel_norm = 0, y_worst_ratio = 0;     // ||y - ref|| / ||ref||, max |err| / allowed
+  double mean_worst_ratio = 0, m2_worst_ratio = 0, m2_max_rel = 0;
+};
+
+void run_case(const Case& c, Result* out = nullptr) {
+  SCOPED_TRACE(std::string(name_of(c.type)) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+               " K=" + std::to_string(c.K) + (c.bias ? " bias" : " nobias") + (c.stats ? " train" : " eval"));
+  const int64_t M = c.M, N = c.N, K = c.K, ldy = N + c.ldy_pad;
+  std::mt19937 rng(1234u + unsigned(M * 7 + N * 13 + K * 17) + unsigned(c.type) * 101u);
+  std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+
+  HostTensor x(c.type, size_t(M * K)), w(c.type, size_t(N * K)), b(c.type, size_t(N));
+  for (int64_t i = 0; i < M * K; ++i) x.set(size_t(i), U(rng));
+  for (int64_t i = 0; i < N * K; ++i) w.set(size_t(i), U(rng));
+  if (c.large_acc_mean) {
+    for (int64_t i = 0; i < M; ++i) x.set(size_t(i * K), 2048.0f);
+    for (int64_t n = 0; n < N; ++n) w.set(size_t(n * K), 1.0f);
+  }
+  for (int64_t n = 0; n < N; ++n) b.set(size_t(n), U(rng) * float(c.bias_scale));
+
+  // Double reference of the same (rounded) inputs, and the magnitude sum for error bounds.
+  std::vector<double> ref(size_t(M * N)), mag(size_t(M * N));
+  for (int64_t i = 0; i < M; ++i) {
+    const double* xi = &x.values[size_t(i * K)];
+    for (int64_t n = 0; n < N; ++n) {
+      const double* wn = &w.values[size_t(n * K)];
+      double s = 0, a = 0;
+      for (int64_t k = 0; k < K; ++k) { double p = xi[k] * wn[k]; s += p; a += std::fabs(p); }
+      ref[size_t(i * N + n)] = s + (c.bias ? b.values[size_t(n)] : 0.0);
+      mag[size_t(i * N + n)] = a + (c.bias ? std::fabs(b.values[size_t(n)]) : 0.0);
+    }
+  }
+
+  const int64_t tiles = (M + sm90::partials_row_tile() - 1) / sm90::partials_row_tile();
+  const int64_t ld = sm90::partials_ld(N);
+  ASSERT_GE(ld, N);
+  DeviceBuffer<uint8_t> dx(x.bytes.size()), dw(w.bytes.size()), db(b.bytes.size());
+  DeviceBuffer<float> dy(size_t(M * ldy)), dmean(size_t(tiles * ld)), dm2(size_t(tiles * ld));
+  ASSERT_TRUE(dx.ptr && dw.ptr && db.ptr && dy.ptr && dmean.ptr && dm2.ptr);
+  CUDA_OK(cudaMemcpy(dx.ptr, x.bytes.data(), x.bytes.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dw.ptr, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(db.ptr, b.bytes.data(), b.bytes.size(), cudaMemcpyHostToDevice));
+
+  sm90::GemmStatsArgs a;
+  a.M = M; a.N = N; a.K = K;
+  a.x = dx.ptr; a.ldx = K;
+  a.w = dw.ptr; a.ldw = K;
+  a.bias = c.bias ? db.ptr : nullptr;
+  a.y = dy.ptr; a.ldy = ldy;
+  if (c.stats) {
+    a.partials.mean = dmean.ptr;
+    a.partials.m2 = dm2.ptr;
+    a.partials.num_row_tiles = tiles;
+    a.partials.row_tile = sm90::partials_row_tile();
+    a.partials.ld = ld;
+  }
+  const size_t ws_bytes = sm90::gemm_workspace_bytes(c.type, a);
+  DeviceBuffer<uint8_t> ws(std::max<size_t>(ws_bytes, 1));
+
+  auto run_once = [&](std::vector<float>& y, std::vector<float>& mean, std::vector<float>& m2) {
+    // Poison: 0xFF bytes are NaN in fp32, so any element the kernel fails to write shows up.
+    CUDA_OK(cudaMemset(dy.ptr, 0xFF, size_t(M * ldy) * sizeof(float)));
+    CUDA_OK(cudaMemset(dmean.ptr, 0xFF, size_t(tiles * ld) * sizeof(float)));
+    CUDA_OK(cudaMemset(dm2.ptr, 0xFF, size_t(tiles * ld) * sizeof(float)));
+    Status st = launch(c.type, a, ws.ptr, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message;
+    CUDA_OK(cudaDeviceSynchronize());
+    y.resize(size_t(M * ldy));
+    mean.resize(size_t(tiles * ld));
+    m2.resize(size_t(tiles * ld));
+    CUDA_OK(cudaMemcpy(y.data(), dy.ptr, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(mean.data(), dmean.ptr, mean.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(m2.data(), dm2.ptr, m2.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  };
+  std::vector<float> y, mean, m2;
+  run_once(y, mean, m2);
+  if (::testing::Test::HasFatalFailure()) return;
+
+  // y vs the double GEMM. bf16/fp16 products are exact in fp32; tf32 truncates/rounds both operands
+  // to 10 mantissa bits (product error <= ~2^-9 relative).
+  const double tol_y = c.type == ElementType::kFloat32 ? 4e-3 : 1e-4;
+  Result r;
+  double err2 = 0, ref2 = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t n = 0; n < N; ++n) {
+      double yv = y[size_t(i * ldy + n)], rv = ref[size_t(i * N + n)];
+      double err = std::fabs(yv - rv), allowed = tol_y * mag[size_t(i * N + n)] + 1e-30;
+      err2 += err * err; ref2 += rv * rv;
+      double ratio = std::isfinite(yv) ? err / allowed : 1e30;
+      r.y_worst_ratio = std::max(r.y_worst_ratio, ratio);
+      if (!(ratio <= 1.0) && bad++ < 5)
+        ADD_FAILURE() << "y[" << i << "," << n << "] = " << yv << " ref " << rv << " allowed " << allowed;
+    }
+  }
+  r.y_rel_norm = std::sqrt(err2 / std::max(ref2, 1e-300));
+  EXPECT_EQ(bad, 0) << "y mismatches";
+
+  if (c.stats) {
+    // Partials vs double statistics of the kernel's own y. The kernel reduces acc = y - bias before
+    // the fp32 bias add, so allow the rounding of that add: |y - (acc + b)| <= u.
+    int64_t bad_mean = 0, bad_m2 = 0;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t r0 = t * sm90::partials_row_tile();
+      const int64_t cnt = std::min<int64_t>(sm90::partials_row_tile(), M - r0);
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0, ymax = 0;
+        for (int64_t i = r0; i < r0 + cnt; ++i) { s += y[size_t(i * ldy + n)]; ymax = std::max(ymax, std::fabs(double(y[size_t(i * ldy + n)]))); }
+        const double mu = s / double(cnt);
+        double q = 0;
+        for (int64_t i = r0; i < r0 + cnt; ++i) { double d = y[size_t(i * ldy + n)] - mu; q += d * d; }
+        const double u = c.bias ? std::ldexp(ymax, -23) : 0.0;  // >= one ulp of |y|
+        const double km = mean[size_t(t * ld + n)], kq = m2[size_t(t * ld + n)];
+        const double sd = std::sqrt(q / double(cnt));
+        const double tol_mean = 2e-7 * std::fabs(mu) + 1e-6 * sd + u + 1e-30;
+        const double tol_m2 = 1e-5 * q + 4.0 * std::sqrt(q * double(cnt)) * u + 4.0 * double(cnt) * u * u + 1e-30;
+        const double rm = std::isfinite(km) ? std::fabs(km - mu) / tol_mean : 1e30;
+        const double rq = std::isfinite(kq) ? std::fabs(kq - q) / tol_m2 : 1e30;
+        r.mean_worst_ratio = std::max(r.mean_worst_ratio, rm);
+        r.m2_worst_ratio = std::max(r.m2_worst_ratio, rq);
+        if (q > 0) r.m2_max_rel = std::max(r.m2_max_rel, std::fabs(kq - q) / q);
+        if (!(rm <= 1.0) && bad_mean++ < 5)
+          ADD_FAILURE() << "mean[tile " << t << ", col " << n << "] = " << km << " ref " << mu << " tol " << tol_mean;
+        if (!(rq <= 1.0) && bad_m2++ < 5)
+          ADD_FAILURE() << "m2[tile " << t << ", col " << n << "] = " << kq << " ref " << q << " tol " << tol_m2
+                        << " (count " << cnt << ")";
+      }
+    }
+    EXPECT_EQ(bad_mean, 0);
+    EXPECT_EQ(bad_m2, 0);
+  }
+
+  if (c.check_determinism) {
+    std::vector<float> y2, mean2, m22;
+    run_once(y2, mean2, m22);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * sizeof(float))) << "y not bitwise reproducible";
+    if (c.stats) {
+      for (int64_t t = 0; t < tiles; ++t) {
+        EXPECT_EQ(0, std::memcmp(&mean[size_t(t * ld)], &mean2[size_t(t * ld)], size_t(N) * sizeof(float)))
+            << "mean not bitwise reproducible";
+        EXPECT_EQ(0, std::memcmp(&m2[size_t(t * ld)], &m22[size_t(t * ld)], size_t(N) * sizeof(float)))
+            << "m2 not bitwise reproducible";
+      }
+    }
+  }
+  std::printf("[ %s M=%lld N=%lld K=%lld ] y rel %.2e (worst %.2f of tol) | mean worst %.2f, m2 worst %.2f of tol, "
+              "m2 max rel %.2e\n",
+              name_of(c.type), (long long)M, (long long)N, (long long)K, r.y_rel_norm, r.y_worst_ratio,
+              r.mean_worst_ratio, r.m2_worst_ratio, r.m2_max_rel);
+  if (out) *out = r;
+}
+
+const ElementType kTypes[] = {ElementType::kBFloat16, ElementType::kFloat16, ElementType::kFloat32};
+
+TEST(Sm90GemmStats, HeadlineShapeDeterministic) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes) {
+    Case c; c.type = t; c.M = 512; c.N = 1024; c.K = 2048; c.check_determinism = true;
+    run_case(c);
+  }
+}
+
+TEST(Sm90GemmStats, OddM) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes)
+    for (int64_t M : {1, 3, 255, 257, 513}) {
+      Case c; c.type = t; c.M = M; c.N = 136; c.K = 64;
+      run_case(c);
+    }
+}
+
+TEST(Sm90GemmStats, NNotMultipleOfTile) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes)
+    for (int64_t N : {4, 200, 260}) {
+      Case c; c.type = t; c.M = 300; c.N = N; c.K = 72; c.ldy_pad = 4;
+      run_case(c);
+    }
+}
+
+TEST(Sm90GemmStats, NoBias) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes) {
+    Case c; c.type = t; c.M = 700; c.N = 384; c.K = 256; c.bias = false;
+    run_case(c);
+  }
+}
+
+TEST(Sm90GemmStats, EvalModeNoStatistics) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes) {
+    Case c; c.type = t; c.M = 333; c.N = 264; c.K = 128; c.stats = false;
+    run_case(c);
+  }
+}
+
+TEST(Sm90GemmStats, PersistentManyTiles) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes) {
+    Case c; c.type = t; c.M = 4096 + 77; c.N = 2048 + 8; c.K = 64;
+    run_case(c);
+  }
+}
+
+// |column mean| / std ~ 1e3 through the bias: the mean must carry the bias, M2 must not see it.
+TEST(Sm90GemmStats, LargeMeanThroughBias) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes) {
+    // acc std ~ sqrt(K / 9) = 4 for K = 144: bias ~ U(-1,1) * 4000 gives |mean|/std up to 1e3.
+    Case c; c.type = t; c.M = 600; c.N = 136; c.K = 144; c.bias_scale = 4000.0;
+    run_case(c);
+  }
+}
+
+// |column mean| / std ~ 1.6e3 inside the accumulator itself (no bias: y == acc bitwise), so the
+// partials are compared with the exact double statistics of the very values the kernel reduced.
+// Raw sum / sum-of-squares in fp32 would be off by ~1e-1 relative here.
+TEST(Sm90GemmStats, LargeMeanInAccumulator) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes) {
+    Case c; c.type = t; c.M = 777; c.N = 264; c.K = 16; c.bias = false; c.large_acc_mean = true;
+    Result r;
+    run_case(c, &r);
+    EXPECT_LT(r.m2_max_rel, 1e-5);
+  }
+}
+
+TEST(Sm90GemmStats, RejectsUnsupportedArguments) {
+  SKIP_UNLESS_SM90();
+  DeviceBuffer<float> buf(1 << 16);
+  ASSERT_NE(buf.ptr, nullptr);
+  sm90::GemmStatsArgs a;
+  a.M = 64; a.N = 64; a.K = 64;
+  a.x = buf.ptr; a.ldx = 64; a.w = buf.ptr; a.ldw = 64; a.y = buf.ptr; a.ldy = 64;
+  sm90::GemmStatsArgs bad = a;
+  bad.K = 12; bad.ldx = 12; bad.ldw = 12;  // not a multiple of 8 bf16 elements
+  EXPECT_EQ(sm90::run_gemm_stats_bf16(bad, nullptr, nullptr).code, StatusCode::kNotSupported);
+  bad = a; bad.N = 62; bad.ldy = 62;       // TMA store of y needs N % 4 == 0
+  EXPECT_EQ(sm90::run_gemm_stats_tf32(bad, nullptr, nullptr).code, StatusCode::kNotSupported);
+  bad = a; bad.partials.mean = buf.ptr;    // m2 missing
+  EXPECT_EQ(sm90::run_gemm_stats_fp16(bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
+  bad = a; bad.partials.mean = buf.ptr; bad.partials.m2 = buf.ptr; bad.partials.num_row_tiles = 1;
+  bad.partials.row_tile = sm90::partials_row_tile(); bad.partials.ld = 64;  // ld must be round_up(N, 128)
+  EXPECT_EQ(sm90::run_gemm_stats_bf16(bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
+  bad = a; bad.x = reinterpret_cast<const char*>(buf.ptr) + 4;  // misaligned
+  EXPECT_EQ(sm90::run_gemm_stats_tf32(bad, nullptr, nullptr).code, StatusCode::kNotSupported);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+}  // namespace

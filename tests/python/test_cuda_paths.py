@@ -1,0 +1,154 @@
+"""CUDA paths (sm90 and generic) against the reference model, the accuracy table of design.md §2,
+determinism and dispatch. Skips without a GPU; sm90 cases skip without a Hopper GPU."""
+import pytest
+import torch
+
+from conftest import HAS_CUDA, IS_HOPPER, requires_cuda, requires_hopper
+from helpers import STAT_TOL, TOL, make_models, rel_err
+
+import gemm_bn_softmax as gbs
+from gemm_bn_softmax.reference import ReferenceModel
+
+pytestmark = requires_cuda
+
+PATHS = ["generic", pytest.param("sm90", marks=requires_hopper)]
+# mode -> (dtype, precision)
+MODES = {"fp32": (torch.float32, "highest"), "tf32": (torch.float32, "tf32"),
+         "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None)}
+# sm90 needs K % 8 (16-byte rows) and N % 4; these shapes fit both paths. Partial M tiles, partial N tiles.
+SHAPES = [(2, 8, 16), (257, 136, 64), (300, 200, 264), (1000, 1028, 512), (64, 2048, 1024)]
+
+
+def _tol(mode):
+    dtype, precision = MODES[mode]
+    return TOL["tf32"] if mode == "tf32" else TOL[dtype]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_paths_match_reference_over_steps(path, mode, shape):
+    dtype, precision = MODES[mode]
+    if path == "sm90" and mode == "fp32":
+        pytest.skip("exact fp32 is the generic path's job")
+    m, n, k = shape
+    ref, ref64, fused = make_models(k, n, dtype, "cuda")
+    fused.precision = precision
+    for step, training in enumerate((True, True, True, False)):
+        ref64.train(training)
+        fused.train(training)
+        x = torch.rand(m, k, device="cuda").to(dtype)
+        assert gbs.dispatch_path(x, fused.gemm.weight, fused.gemm.bias, precision=precision, path=path) == path
+        with torch.no_grad():
+            want = ref64(x.double())
+            got = gbs.gemm_bn_softmax(x, fused.gemm.weight, fused.gemm.bias, fused.bn.weight, fused.bn.bias,
+                                      fused.bn.running_mean, fused.bn.running_var, fused.scale, training=training,
+                                      momentum=0.1, eps=fused.bn.eps, num_batches_tracked=fused.bn.num_batches_tracked
+                                      if training else None, precision=precision, path=path)
+        assert rel_err(got, want) <= _tol(mode), (step, training)
+        assert rel_err(fused.bn.running_var, ref64.bn.running_var) <= max(STAT_TOL[dtype], 1e-5 if mode == "tf32" else 0)
+        assert rel_err(fused.bn.running_mean, ref64.bn.running_mean) <= max(STAT_TOL[dtype], 1e-4 if mode == "tf32" else 0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_bias_affine_off_per_column_scale(path):
+    torch.manual_seed(3)
+    m, n, k = 130, 72, 96
+    x, w = torch.rand(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    scale = torch.rand(n, device="cuda") + 0.5
+    got = gbs.gemm_bn_softmax(x, w, None, None, None, None, None, scale, path=path)
+    y = x.double() @ w.double().t()
+    z = scale.double() * (y - y.mean(0)) / torch.sqrt(y.var(0, unbiased=False) + 1e-5)
+    assert rel_err(got, torch.softmax(z, 1)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_accuracy_table_headline(mode):
+    """design.md §2: rel error vs float64 on the headline shape, x ~ U[0,1), default init."""
+    dtype, precision = MODES[mode]
+    torch.manual_seed(0)
+    m, n, k = 1024, 8192, 8192
+    ref = ReferenceModel(k, n).cuda()
+    fused = gbs.FusedGemmBNSoftmax(k, n, precision=precision).cuda()
+    fused.load_state_dict(ref.state_dict())
+    ref64 = ref.double()
+    fused = fused.to(dtype)
+    x = torch.rand(m, k, device="cuda")
+    with torch.no_grad():
+        want = ref64(x.double())
+        got = fused(x.to(dtype))
+    err = rel_err(got, want)
+    print(f"{mode}: rel err {err:.3e} path {gbs.dispatch_path(x.to(dtype), fused.gemm.weight, precision=precision)}")
+    assert err <= _tol(mode)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode", ["bf16", "tf32", "fp32"])
+def test_bitwise_deterministic(path, mode):
+    dtype, precision = MODES[mode]
+    if path == "sm90" and mode == "fp32":
+        pytest.skip("exact fp32 is the generic path's job")
+    torch.manual_seed(1)
+    m, n, k = 1000, 1028, 512
+    x, w = torch.rand(m, k, device="cuda").to(dtype), (torch.randn(n, k, device="cuda") * 0.05).to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype)
+    results = []
+    for _ in range(5):
+        rm, rv = torch.zeros(n, device="cuda"), torch.ones(n, device="cuda")
+        out = gbs.gemm_bn_softmax(x, w, b, running_mean=rm, running_var=rv, precision=precision, path=path)
+        results.append((out, rm, rv))
+    for out, rm, rv in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(rm, results[0][1]) and torch.equal(rv, results[0][2])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_variance_accurate_at_large_mean_over_std(path):
+    """|mean|/std ~ 1e3 per column: the batch variance of the y the op computed (returned as its 4th
+    output) is as accurate as eager BatchNorm's on that same y, both against float64."""
+    torch.manual_seed(2)
+    m, n, k = 2048, 256, 128
+    x = torch.randn(m, k, device="cuda")
+    w = torch.randn(n, k, device="cuda") / k ** 0.5
+    b = 1e3 * (1 + torch.rand(n, device="cuda")) * torch.sign(torch.randn(n, device="cuda"))
+    rm, rv, nbt = torch.zeros(n, device="cuda"), torch.ones(n, device="cuda"), torch.zeros((), dtype=torch.long, device="cuda")
+    precision = "tf32" if path == "sm90" else "highest"
+    out, mean, invstd, y = torch.ops.fused.gemm_bn_softmax(x, w, b, None, None, rm, rv, nbt, torch.ones(1, device="cuda"),
+                                                           True, 1.0, 0.0, precision, path)
+    y64 = y.double()
+    ours = rel_err(rv, y64.var(0, unbiased=True))
+    ours_invstd = rel_err(invstd, y64.var(0, unbiased=False).rsqrt())
+    bn = torch.nn.BatchNorm1d(n, momentum=1.0, affine=False, eps=0.0).cuda()
+    bn(y)
+    eager = rel_err(bn.running_var, y64.var(0, unbiased=True))
+    print(f"{path}: running_var rel err ours {ours:.2e} eager {eager:.2e}; invstd {ours_invstd:.2e}")
+    assert ours <= max(eager, 2e-5)
+    assert ours_invstd <= max(eager, 2e-5)
+
+
+@pytest.mark.skipif(not IS_HOPPER, reason="dispatch to sm90 needs a Hopper GPU")
+def test_dispatch_rules():
+    dev = "cuda"
+    xb, wb = torch.rand(64, 64, device=dev, dtype=torch.bfloat16), torch.rand(32, 64, device=dev, dtype=torch.bfloat16)
+    assert gbs.dispatch_path(xb, wb) == "sm90"
+    xf, wf = xb.float(), wb.float()
+    assert gbs.dispatch_path(xf, wf, precision="highest") == "generic"
+    assert gbs.dispatch_path(xf, wf, precision="tf32") == "sm90"
+    prev = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert gbs.dispatch_path(xf, wf) == "sm90"
+        torch.set_float32_matmul_precision("highest")
+        assert gbs.dispatch_path(xf, wf) == "generic"
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    odd = torch.rand(64, 63, device=dev, dtype=torch.bfloat16), torch.rand(32, 63, device=dev, dtype=torch.bfloat16)
+    assert gbs.dispatch_path(*odd) == "generic"
+    with pytest.raises(RuntimeError, match="sm90 kernel cannot run this problem"):
+        gbs.gemm_bn_softmax(*odd, path="sm90")
+    assert gbs.dispatch_path(xb, wb, path="generic") == "generic"
+
+
+@pytest.mark.skipif(HAS_CUDA and IS_HOPPER, reason="checks non-Hopper behaviour")
+def test_non_hopper_uses_generic():
+    x, w = torch.rand(8, 16, device="cuda", dtype=torch.bfloat16), torch.rand(8, 16, device="cuda", dtype=torch.bfloat16)
+    assert gbs.dispatch_path(x, w) == "generic"
