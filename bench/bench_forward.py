@@ -47,7 +47,7 @@ def rel_err(got, want):
     return ((got.double() - want).norm() / want.norm()).item()
 
 
-def bench_case(case, m, n, k, mode, iters, do_compile, training=True):
+def bench_case(case, m, n, k, mode, iters, do_compile, training=True, profile=False):
     dtype = MODES[mode]
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     precision = "tf32" if mode == "tf32" else ("highest" if mode == "fp32" else None)
@@ -89,11 +89,37 @@ def bench_case(case, m, n, k, mode, iters, do_compile, training=True):
             except Exception as exc:  # report, keep benchmarking the others
                 print(f"  {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
-            records.append({"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name,
-                            "training": training, "ms": med, "ms_min": lo, "ms_max": hi,
-                            "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err})
+            rec = {"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name,
+                   "training": training, "ms": med, "ms_min": lo, "ms_max": hi,
+                   "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err}
+            if profile and name in ("sm90", "generic"):
+                rec["kernels"] = profile_kernels(fn)
+                for row in rec["kernels"]:
+                    print(f"  {mode} {name}: {row['us']:8.1f} us x{row['calls_per_iter']:.0f}  {row['kernel'][:90]}")
+            records.append(rec)
     torch.backends.cuda.matmul.allow_tf32 = False
     return records
+
+
+def profile_kernels(fn, iters: int = 20):
+    """Per-kernel GPU time of fn (torch.profiler / CUPTI): where the op's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages():
+        total = getattr(evt, "device_time_total", None)
+        if total is None:
+            total = getattr(evt, "cuda_time_total", 0)
+        if total > 0:
+            rows.append((evt.key, evt.count, total / max(evt.count, 1)))
+    rows.sort(key=lambda r: -r[1] * r[2])
+    return [{"kernel": k, "calls_per_iter": c / iters, "us": us} for k, c, us in rows]
 
 
 def table(records):
@@ -116,6 +142,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="fewer iterations")
     p.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile)")
     p.add_argument("--eval", action="store_true", help="also time eval mode")
+    p.add_argument("--profile", action="store_true", help="per-kernel GPU times of the op (torch.profiler)")
     p.add_argument("--json", default=None, help="write results here")
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -124,7 +151,7 @@ def main():
     iters = 30 if a.quick else a.iters
     records = []
     for mode in a.modes:
-        records += bench_case("headline", m, n, k, mode, iters, a.compile)
+        records += bench_case("headline", m, n, k, mode, iters, a.compile, profile=a.profile)
         if a.eval:
             records += bench_case("eval", m, n, k, mode, iters, False, training=False)
     try:

@@ -14,7 +14,8 @@ status=0
 step() { echo; echo "=== $* ==="; }
 
 step "device"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
+# At most 8 files come back from $OUT: env.log build.log ctest.log pytest.log bench.log bench.json sass.txt extra.log
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/env.log"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 step "setup"
@@ -25,8 +26,8 @@ for d in .device_cache/*.deb; do dpkg -x "$d" /tmp/gtest; done
 step "build"
 t0=$(date +%s)
 cmake -S . -B build-device -G Ninja -DPython3_EXECUTABLE="$PY" -DFUSED_CUDA=ON \
-  -DGTEST_SOURCE_DIR=/tmp/gtest/usr/src/googletest -DFUSED_CUDA_PORTABLE_ARCHS=90 >"$OUT/configure.log" 2>&1 \
-  || { tail -30 "$OUT/configure.log"; exit 1; }
+  -DGTEST_SOURCE_DIR=/tmp/gtest/usr/src/googletest -DFUSED_CUDA_PORTABLE_ARCHS=90 >>"$OUT/env.log" 2>&1 \
+  || { tail -30 "$OUT/env.log"; exit 1; }
 cmake --build build-device -j 16 2>&1 | tee "$OUT/build.log" | grep -E "error|warning: Registers|spill|FAILED" | head -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
@@ -55,13 +56,30 @@ ctest --test-dir build-device --output-on-failure -j 4 >"$OUT/ctest.log" 2>&1 ||
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/ctest.log" | tail -15
 grep -c "Skipped" "$OUT/ctest.log" | sed 's/^/ctest skipped: /'
 
+step "error-path smoke test"
+PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler tools/repro_error_path.py >"$OUT/extra.log" 2>&1
+rc=$?; tail -4 "$OUT/extra.log"
+if [ $rc -ne 0 ] && command -v cuda-gdb >/dev/null; then
+  PYTHONPATH="$PWD/python:$PYTHONPATH" timeout 120 cuda-gdb -batch -ex run -ex bt --args "$PY" tools/repro_error_path.py \
+    >>"$OUT/extra.log" 2>&1
+  grep -E "^#[0-9]+" "$OUT/extra.log" | head -25
+fi
+
 step "pytest"
-PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -m pytest -q -rs tests/python -p no:cacheprovider >"$OUT/pytest.log" 2>&1 || status=1
-grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
-grep -E "^FAILED|^ERROR|SKIPPED" "$OUT/pytest.log" | head -20
+# one process per file: a crash in one file does not hide the others' results
+: >"$OUT/pytest.log"
+for f in tests/python/test_*.py; do
+  PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider "$f" \
+    >"$OUT/pytest-one.log" 2>&1
+  rc=$?
+  cat "$OUT/pytest-one.log" >>"$OUT/pytest.log"
+  echo "$f rc=$rc: $(grep -E 'passed|failed|error' "$OUT/pytest-one.log" | tail -1)"
+  [ $rc -eq 0 ] || { status=1; grep -E "^E  |^FAILED|Fatal Python|line [0-9]+ in " "$OUT/pytest-one.log" | head -16; }
+done
+rm -f "$OUT/pytest-one.log"
 
 step "bench"
-BENCH_ARGS=${BENCH_ARGS:---quick}
+BENCH_ARGS=${BENCH_ARGS:---quick --profile}
 PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_forward.py $BENCH_ARGS --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
 
 echo; echo "device_check status: $status"

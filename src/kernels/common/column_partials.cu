@@ -33,15 +33,23 @@ __global__ void __launch_bounds__(kCols* kRowLanes)
       ++count;
     }
   }
-  __shared__ float sh_n[kRowLanes][kCols], sh_mean[kRowLanes][kCols], sh_m2[kRowLanes][kCols];
-  const float mean = count > 0 ? shift + s1 / count : 0.f;
-  sh_n[threadIdx.y][threadIdx.x] = static_cast<float>(count);
-  sh_mean[threadIdx.y][threadIdx.x] = mean;
+  // Lanes are merged in double from their shifted sums: the lane mean shift + s1/n is never
+  // rounded to fp32 before the merge (that rounding costs ~|mean|/std * 2^-24 of the variance).
+  __shared__ float sh_shift[kRowLanes][kCols], sh_s1[kRowLanes][kCols], sh_m2[kRowLanes][kCols];
+  __shared__ int sh_n[kRowLanes][kCols];
+  sh_n[threadIdx.y][threadIdx.x] = count;
+  sh_shift[threadIdx.y][threadIdx.x] = shift;
+  sh_s1[threadIdx.y][threadIdx.x] = s1;
   sh_m2[threadIdx.y][threadIdx.x] = count > 0 ? fmaxf(s2 - s1 * (s1 / count), 0.f) : 0.f;
   __syncthreads();
   if (threadIdx.y == 0 && col < N) {
     detail::MeanM2 acc;
-    for (int l = 0; l < kRowLanes; ++l) detail::chan_merge(acc, sh_n[l][threadIdx.x], sh_mean[l][threadIdx.x], sh_m2[l][threadIdx.x]);
+    for (int l = 0; l < kRowLanes; ++l) {
+      const int n = sh_n[l][threadIdx.x];
+      if (n == 0) continue;
+      const double lane_mean = static_cast<double>(sh_shift[l][threadIdx.x]) + static_cast<double>(sh_s1[l][threadIdx.x]) / n;
+      detail::chan_merge(acc, n, lane_mean, sh_m2[l][threadIdx.x]);
+    }
     out.mean[tile * out.ld + col] = static_cast<float>(acc.mean);
     out.m2[tile * out.ld + col] = static_cast<float>(acc.m2);
   }
