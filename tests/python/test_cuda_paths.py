@@ -33,10 +33,9 @@ def test_paths_match_reference_over_steps(path, mode, shape):
         pytest.skip("exact fp32 is the generic path's job")
     m, n, k = shape
     ref, ref64, fused = make_models(k, n, dtype, "cuda")
-    fused.precision = precision
     for step, training in enumerate((True, True, True, False)):
-        ref64.train(training)
-        fused.train(training)
+        for mod in (ref, ref64, fused):
+            mod.train(training)
         x = torch.rand(m, k, device="cuda").to(dtype)
         assert gbs.dispatch_path(x, fused.gemm.weight, fused.gemm.bias, precision=precision, path=path) == path
         with torch.no_grad():
@@ -48,10 +47,22 @@ def test_paths_match_reference_over_steps(path, mode, shape):
         err = rel_err(got, want)
         err_var = rel_err(fused.bn.running_var, ref64.bn.running_var)
         err_mean = rel_err(fused.bn.running_mean, ref64.bn.running_mean)
-        info = f"step {step} training {training}: out {err:.2e} running_var {err_var:.2e} running_mean {err_mean:.2e}"
-        assert err <= _tol(mode), info
-        assert err_var <= max(STAT_TOL[dtype], 1e-5 if mode == "tf32" else 0), info
-        assert err_mean <= max(STAT_TOL[dtype], 1e-4 if mode == "tf32" else 0), info
+        bound, bound_var, bound_mean = _tol(mode), STAT_TOL[dtype], STAT_TOL[dtype]
+        if mode == "tf32":
+            # TF32 rounds the GEMM inputs: the bound is the contract's or eager TF32's own error on
+            # this problem (eager steps its own copy of the running stats), whichever is larger.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                with torch.no_grad():
+                    eager_out = ref(x)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = False
+            bound = max(bound, 1.25 * rel_err(eager_out, want))
+            bound_var = max(bound_var, 1.25 * rel_err(ref.bn.running_var, ref64.bn.running_var))
+            bound_mean = max(bound_mean, 1.25 * rel_err(ref.bn.running_mean, ref64.bn.running_mean))
+        info = (f"step {step} training {training}: out {err:.2e} (bound {bound:.2e}) running_var {err_var:.2e} "
+                f"(bound {bound_var:.2e}) running_mean {err_mean:.2e} (bound {bound_mean:.2e})")
+        assert err <= bound and err_var <= bound_var and err_mean <= bound_mean, info
 
 
 @pytest.mark.parametrize("path", PATHS)
