@@ -21,22 +21,26 @@ struct ColumnStatsPartials {
 };
 
 // BatchNorm1d arguments. All pointers live in the memory space of the entry point they are
-// passed to (device memory for fused::cuda, host memory for fused::cpu). All vectors are fp32.
+// passed to (device memory for fused::cuda, host memory for fused::cpu). The BN vectors are read
+// (and the running statistics written) in their own dtype, `param_dtype` (fp32, or x's dtype for
+// a module converted with .to(bf16)); all math is fp32/fp64.
 struct BatchNormArgs {
-  const float* gamma = nullptr;  // (N) or null: affine=False (gamma = 1)
-  const float* beta = nullptr;   // (N) or null: affine=False (beta = 0)
+  const void* gamma = nullptr;  // (N) or null: affine=False (gamma = 1)
+  const void* beta = nullptr;   // (N) or null: affine=False (beta = 0)
   // Running statistics, (N) each, both or neither. Updated in place when batch statistics are
   // used; read instead of batch statistics in eval mode.
-  float* running_mean = nullptr;
-  float* running_var = nullptr;
+  void* running_mean = nullptr;
+  void* running_var = nullptr;
+  ElementType param_dtype = ElementType::kFloat32;  // of gamma, beta, running_mean, running_var
   // Value of num_batches_tracked *after* this batch's increment (the caller increments it, as
   // nn.BatchNorm1d does). Read only when momentum < 0.
   const int64_t* num_batches_tracked = nullptr;
   double momentum = 0.1;  // < 0 means momentum=None: cumulative average, factor 1/num_batches_tracked
   double eps = 1e-5;
   bool training = true;
-  const float* scale = nullptr;  // (scale_numel): 1 (scalar) or N (per column)
+  const void* scale = nullptr;  // (scale_numel): 1 (scalar) or N (per column)
   int64_t scale_numel = 1;
+  ElementType scale_dtype = ElementType::kFloat32;
 
   // nn.BatchNorm1d: batch statistics in training, and in eval when there are no running stats.
   FUSED_HOST_DEVICE constexpr bool uses_batch_stats() const { return training || running_mean == nullptr; }

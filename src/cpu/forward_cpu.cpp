@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "cpu/half_convert.h"
+#include "fused/detail/half_bits.h"
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
 
@@ -81,13 +81,13 @@ void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const Column
     case ElementType::kBFloat16: {
       auto* o = static_cast<uint16_t*>(out);
       softmax_rows(y, ldy, M, N, affine,
-                   [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = half::float_to_bf16_bits(v); });
+                   [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = half_bits::float_to_bf16_bits(v); });
       break;
     }
     case ElementType::kFloat16: {
       auto* o = static_cast<uint16_t*>(out);
       softmax_rows(y, ldy, M, N, affine,
-                   [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = half::float_to_fp16_bits(v); });
+                   [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = half_bits::float_to_fp16_bits(v); });
       break;
     }
   }

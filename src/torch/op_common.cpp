@@ -119,33 +119,46 @@ MatmulPrecision resolve_precision(const OpArgs& a) {
 }
 
 BatchNormTensors prepare_batchnorm(const OpArgs& a) {
-  auto as_f32 = [](const std::optional<at::Tensor>& t) {
-    return (t.has_value() && t->defined()) ? t->to(at::kFloat).contiguous() : at::Tensor();
+  // The kernels read the BN vectors in their own dtype (fp32 or x's): no copies in the common
+  // case. Vectors of mixed dtypes or with strides go through an fp32 contiguous copy instead.
+  const std::optional<at::Tensor>* vecs[] = {&a.bn_weight, &a.bn_bias, &a.running_mean, &a.running_var};
+  std::optional<at::ScalarType> common;
+  bool direct = true;
+  for (const auto* v : vecs) {
+    if (!defined(*v)) continue;
+    if (!common) common = (*v)->scalar_type();
+    direct = direct && (*v)->scalar_type() == *common && (*v)->is_contiguous();
+  }
+  auto take = [&](const std::optional<at::Tensor>& t) {
+    if (!defined(t)) return at::Tensor();
+    return direct ? *t : t->to(at::kFloat).contiguous();
   };
   BatchNormTensors t;
-  t.gamma = as_f32(a.bn_weight);
-  t.beta = as_f32(a.bn_bias);
-  t.running_mean = as_f32(a.running_mean);  // the same tensor when already fp32 + contiguous
-  t.running_var = as_f32(a.running_var);
-  t.scale = a.scale.to(at::kFloat).contiguous().reshape({-1});
+  t.gamma = take(a.bn_weight);
+  t.beta = take(a.bn_bias);
+  t.running_mean = take(a.running_mean);
+  t.running_var = take(a.running_var);
+  t.param_dtype = direct && common ? element_type(*common) : ElementType::kFloat32;
+  const bool scale_direct = is_supported_dtype(a.scale.scalar_type()) && a.scale.is_contiguous();
+  t.scale = scale_direct ? a.scale : a.scale.to(at::kFloat).contiguous();
   return t;
 }
 
 BatchNormArgs BatchNormTensors::args(const OpArgs& a) const {
   BatchNormArgs bn;
-  auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
+  auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
   bn.gamma = ptr(gamma);
   bn.beta = ptr(beta);
   bn.running_mean = ptr(running_mean);
   bn.running_var = ptr(running_var);
-  bn.num_batches_tracked = (a.num_batches_tracked.has_value() && a.num_batches_tracked->defined())
-                               ? a.num_batches_tracked->data_ptr<int64_t>()
-                               : nullptr;
+  bn.param_dtype = param_dtype;
+  bn.num_batches_tracked = defined(a.num_batches_tracked) ? a.num_batches_tracked->data_ptr<int64_t>() : nullptr;
   bn.momentum = a.momentum.has_value() ? *a.momentum : -1.0;
   bn.eps = a.eps;
   bn.training = a.training;
-  bn.scale = scale.data_ptr<float>();
+  bn.scale = scale.data_ptr();
   bn.scale_numel = scale.numel();
+  bn.scale_dtype = element_type(scale.scalar_type());
   return bn;
 }
 

@@ -56,10 +56,11 @@ MatmulPrecision resolve_precision(const OpArgs& a);
 // GEMM_BN_SOFTMAX_PATH environment variable; forcing an impossible path throws). op_cuda.cpp.
 std::string select_cuda_path(const OpArgs& a);
 
-// BN vectors as the library wants them: fp32, contiguous. Running statistics in another dtype
-// (or non-contiguous) are worked on in an fp32 copy, written back by `commit()`.
+// BN vectors as the library reads them: as given when they share one dtype and are contiguous
+// (no copies); otherwise fp32 contiguous copies, the running statistics written back by `commit()`.
 struct BatchNormTensors {
   at::Tensor gamma, beta, running_mean, running_var, scale;
+  ElementType param_dtype = ElementType::kFloat32;
   BatchNormArgs args(const OpArgs& a) const;
   void commit(const OpArgs& a) const;
 };

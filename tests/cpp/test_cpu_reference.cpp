@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "../../src/cpu/half_convert.h"
+#include "fused/detail/half_bits.h"
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
 #include "test_util.h"
@@ -225,8 +225,8 @@ TEST(RowSoftmax, NonFiniteRowsBehaveLikeTorch) {
 }
 
 TEST(Convert, HalfAndBFloat16RoundToNearestEven) {
-  using cpu::half::float_to_bf16_bits;
-  using cpu::half::float_to_fp16_bits;
+  using half_bits::float_to_bf16_bits;
+  using half_bits::float_to_fp16_bits;
   EXPECT_EQ(float_to_bf16_bits(1.0f), 0x3f80);
   EXPECT_EQ(float_to_bf16_bits(-2.5f), 0xc020);
   EXPECT_EQ(float_to_bf16_bits(1.00390625f), 0x3f80);  // tie -> even

@@ -191,3 +191,15 @@ def test_backward_matches_reference():
         for (name, p64), (_, p32) in zip(ref64.named_parameters(), fused.named_parameters()):
             # the Linear bias gradient is ~0 in training (BatchNorm removes the mean): absolute floor
             assert torch.allclose(p32.grad.double(), p64.grad, rtol=1e-4, atol=1e-5), (training, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_bn_parameter_dtypes(device):
+    """bf16 module whose BN affine is kept in fp32 and running stats in bf16: the fp32-copy path."""
+    ref, ref64, fused = make_models(32, 24, torch.bfloat16, device)
+    fused.bn.weight.data = fused.bn.weight.data.float()
+    fused.bn.bias.data = fused.bn.bias.data.float()
+    for training in (True, False):
+        x = torch.rand(16, 32, device=device).to(torch.bfloat16)
+        _step_and_compare(ref64, fused, x, torch.bfloat16, training)
+    assert fused.bn.running_mean.dtype == torch.bfloat16

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fused/batchnorm.h"
+#include "fused/detail/half_bits.h"
 
 #if defined(__CUDACC__)
 #define FUSED_HD __host__ __device__ __forceinline__
@@ -59,6 +60,8 @@ FUSED_HD double running_stat_factor(const BatchNormArgs& bn) {
 // writes the saved invstd and the folded affine map.
 FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, int64_t M, const BatchNormArgs& bn,
                               float* save_invstd, const ColumnAffine& out) {
+  using half_bits::load;
+  const ElementType pt = bn.param_dtype;
   double mean, var;
   if (bn.uses_batch_stats()) {
     mean = batch.mean;
@@ -66,17 +69,17 @@ FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, int64_t M, const
     if (bn.running_mean != nullptr && M > 0) {  // an empty batch leaves them alone (as eager)
       const double f = running_stat_factor(bn);
       const double unbiased = M > 1 ? var * static_cast<double>(M) / static_cast<double>(M - 1) : var;
-      bn.running_mean[col] = static_cast<float>((1.0 - f) * bn.running_mean[col] + f * mean);
-      bn.running_var[col] = static_cast<float>((1.0 - f) * bn.running_var[col] + f * unbiased);
+      half_bits::store(bn.running_mean, pt, col, static_cast<float>((1.0 - f) * load(bn.running_mean, pt, col) + f * mean));
+      half_bits::store(bn.running_var, pt, col, static_cast<float>((1.0 - f) * load(bn.running_var, pt, col) + f * unbiased));
     }
   } else {
-    mean = bn.running_mean[col];
-    var = bn.running_var[col];
+    mean = load(bn.running_mean, pt, col);
+    var = load(bn.running_var, pt, col);
   }
   const double invstd = 1.0 / sqrt(var + bn.eps);
-  const double s = bn.scale[bn.scale_numel == 1 ? 0 : col];
-  const double g = bn.gamma != nullptr ? static_cast<double>(bn.gamma[col]) : 1.0;
-  const double b = bn.beta != nullptr ? static_cast<double>(bn.beta[col]) : 0.0;
+  const double s = load(bn.scale, bn.scale_dtype, bn.scale_numel == 1 ? 0 : col);
+  const double g = bn.gamma != nullptr ? static_cast<double>(load(bn.gamma, pt, col)) : 1.0;
+  const double b = bn.beta != nullptr ? static_cast<double>(load(bn.beta, pt, col)) : 0.0;
   out.shift[col] = static_cast<float>(mean);
   out.a[col] = static_cast<float>(s * g * invstd);
   out.c[col] = static_cast<float>(s * b);
