@@ -8,8 +8,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
-
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
 #include "kernels/common/cuda_check.h"
@@ -138,84 +136,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Persistent variant for rows that fit in registers together with their per-column affine map:
-// each CTA loads shift, a, c for its columns once and reuses them over rows blockIdx.x,
-// blockIdx.x + gridDim.x, ... (one CTA per row would re-read 12 bytes of parameters per element
-// from L2 for every 4-byte element of y).
-template <int kThreads, int kVecs, bool kVec, class TOut>
-__global__ void __launch_bounds__(kThreads)
-    softmax_rows_persistent(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
-                            TOut* __restrict__ out, int64_t ldo) {
-  __shared__ float smem[32];
-  float4 shift[kVecs], a[kVecs], c[kVecs];
-#pragma unroll
-  for (int v = 0; v < kVecs; ++v) {
-    const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-    float sv[4], av[4], cv[4];
-    if (kVec && col + 4 <= N) {
-      const float4 s4 = *reinterpret_cast<const float4*>(f.shift + col);
-      const float4 a4 = *reinterpret_cast<const float4*>(f.a + col);
-      const float4 c4 = *reinterpret_cast<const float4*>(f.c + col);
-      sv[0] = s4.x; sv[1] = s4.y; sv[2] = s4.z; sv[3] = s4.w;
-      av[0] = a4.x; av[1] = a4.y; av[2] = a4.z; av[3] = a4.w;
-      cv[0] = c4.x; cv[1] = c4.y; cv[2] = c4.z; cv[3] = c4.w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool in = col + j < N;
-        sv[j] = in ? f.shift[col + j] : 0.f;
-        av[j] = in ? f.a[col + j] : 0.f;
-        cv[j] = in ? f.c[col + j] : 0.f;
-      }
-    }
-    shift[v] = make_float4(sv[0], sv[1], sv[2], sv[3]);
-    a[v] = make_float4(av[0], av[1], av[2], av[3]);
-    c[v] = make_float4(cv[0], cv[1], cv[2], cv[3]);
-  }
-  for (int64_t row = blockIdx.x; row < M; row += gridDim.x) {
-    const float* yrow = y + row * ldy;
-    float4 z[kVecs];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      float yv[4] = {0.f, 0.f, 0.f, 0.f};
-      if (kVec && col + 4 <= N) {
-        const float4 y4 = *reinterpret_cast<const float4*>(yrow + col);
-        yv[0] = y4.x; yv[1] = y4.y; yv[2] = y4.z; yv[3] = y4.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (col + j < N) yv[j] = yrow[col + j];
-      }
-      z[v].x = col + 0 < N ? detail::bn_logit(yv[0], shift[v].x, a[v].x, c[v].x) : -INFINITY;
-      z[v].y = col + 1 < N ? detail::bn_logit(yv[1], shift[v].y, a[v].y, c[v].y) : -INFINITY;
-      z[v].z = col + 2 < N ? detail::bn_logit(yv[2], shift[v].z, a[v].z, c[v].z) : -INFINITY;
-      z[v].w = col + 3 < N ? detail::bn_logit(yv[3], shift[v].w, a[v].w, c[v].w) : -INFINITY;
-      mx = fmaxf(mx, max4(z[v]));
-    }
-    mx = block_reduce<kThreads, true>(mx, smem);
-    float sum = 0.f;
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      z[v].x = expf(z[v].x - mx);
-      z[v].y = expf(z[v].y - mx);
-      z[v].z = expf(z[v].z - mx);
-      z[v].w = expf(z[v].w - mx);
-      sum += (z[v].x + z[v].y) + (z[v].z + z[v].w);
-    }
-    sum = block_reduce<kThreads, false>(sum, smem);
-    const float inv = 1.f / sum;
-    TOut* orow = out + row * ldo;
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      if (col < N)
-        store4<kVec>(orow, col, N, make_float4(z[v].x * inv, z[v].y * inv, z[v].z * inv, z[v].w * inv));
-    }
-  }
-}
-
 // Any N: online (max, sum) over the row, then a second pass that writes.
 template <int kThreads, bool kVec, class TOut>
 __global__ void __launch_bounds__(kThreads)
@@ -247,45 +167,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Multiprocessor count of the current device, cached per device (no synchronisation).
-int sm_count() {
-  static int cache[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 132;
-  if (cache[device] == 0) {
-    int n = 0;
-    cache[device] = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && n > 0 ? n : 132;
-  }
-  return cache[device];
-}
-
-template <int kThreads, int kVecs, bool kVec, class TOut>
-void launch_persistent(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out,
-                       int64_t ldo, cudaStream_t stream) {
-  // As many CTAs as are resident at once (one wave); each loops over its share of the rows.
-  static const int per_sm = [] {
-    int blocks = 0;
-    const auto kernel = softmax_rows_persistent<kThreads, kVecs, kVec, TOut>;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0) == cudaSuccess && blocks > 0
-               ? blocks : 1;
-  }();
-  const int64_t ctas = std::min<int64_t>(M, static_cast<int64_t>(sm_count()) * per_sm);
-  softmax_rows_persistent<kThreads, kVecs, kVec><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(
-      y, ldy, M, N, f, out, ldo);
-}
-
 template <bool kVec, class TOut>
 Status launch_typed(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out, int64_t ldo,
                     cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(M));
-  // Rows whose values and parameters fit in registers (kThreads * 4 * kVecs >= N, 16 registers
-  // per float4 of the row): persistent CTAs. Wider rows: one CTA per row, then streaming.
+  // Registers path: kThreads * 4 * kVecs >= N.
   if (N <= 128 * 4 * 1) {
-    launch_persistent<128, 1, kVec>(y, ldy, M, N, f, out, ldo, stream);
+    softmax_rows_in_registers<128, 1, kVec><<<grid, 128, 0, stream>>>(y, ldy, N, f, out, ldo);
   } else if (N <= 256 * 4 * 2) {
-    launch_persistent<256, 2, kVec>(y, ldy, M, N, f, out, ldo, stream);
-  } else if (N <= 1024 * 4 * 2) {
-    launch_persistent<1024, 2, kVec>(y, ldy, M, N, f, out, ldo, stream);
+    softmax_rows_in_registers<256, 2, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo);
+  } else if (N <= 256 * 4 * 4) {
+    softmax_rows_in_registers<256, 4, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo);
+  } else if (N <= 256 * 4 * 8) {
+    softmax_rows_in_registers<256, 8, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo);
   } else if (N <= 512 * 4 * 8) {
     softmax_rows_in_registers<512, 8, kVec><<<grid, 512, 0, stream>>>(y, ldy, N, f, out, ldo);
   } else if (N <= 1024 * 4 * 8) {
