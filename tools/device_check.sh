@@ -82,5 +82,12 @@ step "bench"
 BENCH_ARGS=${BENCH_ARGS:---quick --profile}
 PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_forward.py $BENCH_ARGS --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
 
+if [ "${NCU:-0}" = "1" ] && command -v ncu >/dev/null; then
+  step "ncu (bf16 sm90, one op call)"
+  PYTHONPATH="$PWD/python:$PYTHONPATH" bash bench/profile_ncu.sh bf16 sm90 >>"$OUT/extra.log" 2>&1
+  grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy" \
+    "$OUT/extra.log" | grep -v "^  cpu\|^  cuda" | cut -c1-120 | head -40
+fi
+
 echo; echo "device_check status: $status"
 exit $status

@@ -177,6 +177,13 @@ TEST(RowSoftmaxGpu, Float32AllWidths) {
     check_softmax<float>(N > 100000 ? 3 : 9, N, 0, ElementType::kFloat32, 2e-6);
 }
 
+TEST(RowSoftmaxGpu, ManyRows) {
+  REQUIRE_GPU();
+  check_softmax<float>(5000, 100, 0, ElementType::kFloat32, 2e-6);
+  check_softmax<__nv_bfloat16>(3000, 8192, 0, ElementType::kBFloat16, 4e-3);
+  check_softmax<float>(700, 2001, 0, ElementType::kFloat32, 2e-6);
+}
+
 TEST(RowSoftmaxGpu, UnalignedOutputFallsBackToScalarStores) {
   REQUIRE_GPU();
   check_softmax<float>(5, 1001, 1, ElementType::kFloat32, 2e-6);

@@ -8,7 +8,8 @@
 namespace fused::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+// Small blocks: N / 64 CTAs spread the (latency-bound) per-column merges over more SMs.
+constexpr int kThreads = 64;
 
 __global__ void __launch_bounds__(kThreads)
     finalize_kernel(ColumnStatsPartials partials, int64_t M, int64_t N, BatchNormArgs bn, float* save_invstd,
