@@ -1,0 +1,106 @@
+"""CUDA graphs, no host synchronisation, streams, memory: the op is safe in a training loop."""
+import pytest
+import torch
+
+from conftest import requires_cuda
+from helpers import make_models, rel_err
+
+import gemm_bn_softmax as gbs
+
+pytestmark = requires_cuda
+PATHS = ["generic", pytest.param("sm90", marks=pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="needs Hopper"))]
+
+
+def _call(mod, x, path):
+    bn = mod.bn
+    return gbs.gemm_bn_softmax(x, mod.gemm.weight, mod.gemm.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                               mod.scale, training=mod.training, momentum=bn.momentum, eps=bn.eps,
+                               num_batches_tracked=bn.num_batches_tracked if mod.training else None, path=path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_cuda_graph_replay_updates_running_stats(path, momentum):
+    m, n, k = 256, 136, 64
+    ref, ref64, fused = make_models(k, n, torch.bfloat16, "cuda", momentum=momentum)
+    static_x = torch.rand(m, k, device="cuda").to(torch.bfloat16)
+    # warm up on a side stream (allocator, lazy init), then restore the state the reference has
+    state = {kk: v.clone() for kk, v in fused.state_dict().items()}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        _call(fused, static_x, path)
+    torch.cuda.current_stream().wait_stream(s)
+    fused.load_state_dict(state)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        static_out = _call(fused, static_x, path)
+    fused.load_state_dict(state)  # capture does not run the kernels, but be explicit
+    for step in range(3):
+        static_x.copy_(torch.rand(m, k, device="cuda").to(torch.bfloat16))
+        graph.replay()
+        with torch.no_grad():
+            want = ref64(static_x.double())
+        torch.cuda.synchronize()
+        assert rel_err(static_out, want) <= 7e-3, step
+        assert rel_err(fused.bn.running_var, ref64.bn.running_var) <= 8e-3, step
+        assert fused.bn.num_batches_tracked.item() == step + 1
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_host_synchronisation(path):
+    ref, ref64, fused = make_models(64, 72, torch.bfloat16, "cuda", momentum=None)
+    x = torch.rand(100, 64, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        _call(fused, x, path)  # first call: lazy initialisation may synchronise
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _call(fused, x, path)
+            gbs.gemm_bn_softmax(x, fused.gemm.weight, fused.gemm.bias, scale=2.0, path=path)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bitwise_equal_across_streams(path):
+    torch.manual_seed(0)
+    x = torch.rand(513, 256, device="cuda", dtype=torch.float16)
+    w = torch.randn(260, 256, device="cuda", dtype=torch.float16) * 0.05
+    outs = []
+    for stream in (torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.current_stream()):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            outs.append(gbs.gemm_bn_softmax(x, w, None, path=path))
+        torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_memory_growth(path):
+    ref, ref64, fused = make_models(128, 256, torch.bfloat16, "cuda")
+    x = torch.rand(512, 128, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(5):
+            _call(fused, x, path)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        for _ in range(1000):
+            out = _call(fused, x, path)
+        del out
+        torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
+def test_compile_reduce_overhead():
+    ref, ref64, fused = make_models(64, 48, torch.float32, "cuda")
+    compiled = torch.compile(fused, mode="reduce-overhead", fullgraph=True)
+    for step in range(3):
+        x = torch.rand(32, 64, device="cuda")
+        with torch.no_grad():
+            got = compiled(x).clone()
+            want = ref64(x.double())
+        assert rel_err(got, want) <= 1e-5, step
+        assert rel_err(fused.bn.running_var, ref64.bn.running_var) <= 2e-6, step
