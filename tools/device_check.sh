@@ -41,13 +41,29 @@ if command -v cuobjdump >/dev/null; then
 fi
 
 if [ "$MODE" = "sanitize" ]; then
+  # compute-sanitizer over every kernel on small, odd shapes; then the pytest files in $PYTEST_FILES.
   step "compute-sanitizer"
+  SM90_SMALL='Sm90GemmStats.OddM:Sm90GemmStats.NNotMultipleOfTile:Sm90GemmStats.NoBias:Sm90GemmStats.EvalModeNoStatistics'
+  : >"$OUT/ctest.log"
   for tool in memcheck racecheck synccheck initcheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 build-device/test_cuda_kernels --gtest_brief=1 \
-      >"$OUT/sanitizer-$tool.log" 2>&1; echo "$tool test_cuda_kernels rc=$?"
-    compute-sanitizer --tool $tool --error-exitcode 9 build-device/test_sm90_gemm_stats --gtest_brief=1 \
-      --gtest_filter='*Odd*:*Edge*:*Small*' >"$OUT/sanitizer-sm90-$tool.log" 2>&1; echo "$tool test_sm90 rc=$?"
+    for t in "test_cuda_kernels:*" "test_sm90_gemm_stats:$SM90_SMALL"; do
+      bin=${t%%:*}; filter=${t#*:}
+      timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "build-device/$bin" --gtest_brief=1 \
+        --gtest_filter="$filter" >"$OUT/sanitizer-one.log" 2>&1
+      rc=$?
+      cat "$OUT/sanitizer-one.log" >>"$OUT/ctest.log"
+      echo "$tool $bin rc=$rc: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/sanitizer-one.log" | tr '\n' ' ' | cut -c1-150)"
+      [ $rc -eq 0 ] || status=1
+    done
   done
+  rm -f "$OUT/sanitizer-one.log"
+  for f in ${PYTEST_FILES:-}; do
+    PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -m pytest -q -rfs --tb=short -p no:cacheprovider "$f" >>"$OUT/pytest.log" 2>&1 \
+      || status=1
+    echo "$f: $(grep -E 'passed|failed|error' "$OUT/pytest.log" | tail -1)"
+  done
+  grep -E "^E  |^FAILED" "$OUT/pytest.log" | head -20
+  echo "device_check status: $status"
   exit $status
 fi
 
