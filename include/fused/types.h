@@ -7,11 +7,13 @@
 // Same typedef as <driver_types.h>; lets CPU-only users include this header without CUDA.
 typedef struct CUstream_st* cudaStream_t;
 
-// Marks small functions usable from host and device code (the CUDA kernels share them).
+// Small functions shared by host code and the CUDA kernels (FUSED_HD: inline ones).
 #if defined(__CUDACC__)
 #define FUSED_HOST_DEVICE __host__ __device__
+#define FUSED_HD __host__ __device__ __forceinline__
 #else
 #define FUSED_HOST_DEVICE
+#define FUSED_HD inline
 #endif
 
 namespace fused {

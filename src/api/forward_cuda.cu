@@ -3,6 +3,7 @@
 // stream-ordered, no host synchronisation.
 #include "fused/gemm_bn_softmax.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/nvtx.h"
 #if defined(FUSED_WITH_SM90)
 #include "kernels/sm90/gemm_stats_sm90.h"
 #endif
@@ -40,8 +41,6 @@ sm90::GemmStatsArgs gemm_args(const ForwardProblem& p, const ForwardBuffers& b) 
 }
 #endif
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-
 }  // namespace
 
 bool sm90_compiled() {
@@ -62,7 +61,7 @@ Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
   if (p.K % per16 != 0 || b.ldx % per16 != 0 || b.ldw % per16 != 0)
     return {StatusCode::kNotSupported, "K and the row strides of x and W must be multiples of 16 bytes (TMA)"};
   if (p.N % 4 != 0 || b.ldy % 4 != 0) return {StatusCode::kNotSupported, "N must be a multiple of 4 (TMA store of y)"};
-  if (!aligned16(b.x) || !aligned16(b.weight) || !aligned16(b.y))
+  if (!util::aligned16(b.x) || !util::aligned16(b.weight) || !util::aligned16(b.y))
     return {StatusCode::kNotSupported, "x, W and y must be 16-byte aligned (TMA)"};
   if (p.M > 0x7fffffff || p.N > 0x7fffffff || p.K > 0x7fffffff)
     return {StatusCode::kNotSupported, "dimensions must fit in int32"};
@@ -108,6 +107,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
   if (p.M > 0) {
     if (path == GemmPath::kSm90) {
 #if defined(FUSED_WITH_SM90)
+      util::NvtxRange range("fused::gemm_stats_sm90");
       sm90::GemmStatsArgs args = gemm_args(p, b);
       if (batch_stats) args.partials = partials;
       switch (p.dtype) {
@@ -117,10 +117,15 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
       }
 #endif
     } else if (batch_stats) {
+      util::NvtxRange range("fused::column_partials");
       FUSED_RETURN_IF_ERROR(column_partials(b.y, b.ldy, p.M, p.N, partials, stream));
     }
   }
-  FUSED_RETURN_IF_ERROR(finalize(partials, p.M, p.N, bn, b.save_invstd, affine, stream));
+  {
+    util::NvtxRange range("fused::finalize");
+    FUSED_RETURN_IF_ERROR(finalize(partials, p.M, p.N, bn, b.save_invstd, affine, stream));
+  }
+  util::NvtxRange range("fused::row_softmax");
   return row_softmax(b.y, b.ldy, p.M, p.N, affine, b.out, b.ldo, p.dtype, stream);
 }
 

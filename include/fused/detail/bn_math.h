@@ -8,12 +8,6 @@
 #include "fused/batchnorm.h"
 #include "fused/detail/half_bits.h"
 
-#if defined(__CUDACC__)
-#define FUSED_HD __host__ __device__ __forceinline__
-#else
-#define FUSED_HD inline
-#endif
-
 namespace fused::detail {
 
 // Running (count, mean, M2) of one column, merged in double precision.

@@ -8,36 +8,30 @@
 
 #include "fused/types.h"
 
-#if defined(__CUDACC__)
-#define FUSED_BITS_HD __host__ __device__ __forceinline__
-#else
-#define FUSED_BITS_HD inline
-#endif
-
 namespace fused::half_bits {
 
-FUSED_BITS_HD uint32_t float_bits(float f) {
+FUSED_HD uint32_t float_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof(u));
   return u;
 }
 
-FUSED_BITS_HD float bits_float(uint32_t u) {
+FUSED_HD float bits_float(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof(f));
   return f;
 }
 
-FUSED_BITS_HD uint16_t float_to_bf16_bits(float f) {
+FUSED_HD uint16_t float_to_bf16_bits(float f) {
   const uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
   const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>((u + rounding_bias) >> 16);
 }
 
-FUSED_BITS_HD float bf16_bits_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+FUSED_HD float bf16_bits_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
-FUSED_BITS_HD uint16_t float_to_fp16_bits(float f) {
+FUSED_HD uint16_t float_to_fp16_bits(float f) {
   const uint32_t u = float_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
@@ -60,7 +54,7 @@ FUSED_BITS_HD uint16_t float_to_fp16_bits(float f) {
   return static_cast<uint16_t>(sign | r);
 }
 
-FUSED_BITS_HD float fp16_bits_to_float(uint16_t h) {
+FUSED_HD float fp16_bits_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
@@ -73,7 +67,7 @@ FUSED_BITS_HD float fp16_bits_to_float(uint16_t h) {
 }
 
 // Element i of a vector of type t, as float.
-FUSED_BITS_HD float load(const void* p, ElementType t, int64_t i) {
+FUSED_HD float load(const void* p, ElementType t, int64_t i) {
   switch (t) {
     case ElementType::kBFloat16: return bf16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
     case ElementType::kFloat16: return fp16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
@@ -81,7 +75,7 @@ FUSED_BITS_HD float load(const void* p, ElementType t, int64_t i) {
   }
 }
 
-FUSED_BITS_HD void store(void* p, ElementType t, int64_t i, float v) {
+FUSED_HD void store(void* p, ElementType t, int64_t i, float v) {
   switch (t) {
     case ElementType::kBFloat16: static_cast<uint16_t*>(p)[i] = float_to_bf16_bits(v); break;
     case ElementType::kFloat16: static_cast<uint16_t*>(p)[i] = float_to_fp16_bits(v); break;

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "fused/types.h"
 
 namespace fused::cuda::util {
@@ -17,6 +19,8 @@ inline Status cuda_status(cudaError_t err, const char* what) {
 inline Status launch_status(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace fused::cuda::util
 

@@ -190,15 +190,13 @@ Status launch_typed(const float* y, int64_t ldy, int64_t M, int64_t N, const Col
   return util::launch_status("row_softmax kernel launch");
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 template <class TOut>
 Status launch(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, void* out, int64_t ldo,
               cudaStream_t stream) {
   // 16-byte loads need every row of y and the column vectors 16-byte aligned; 4-wide stores
   // need out rows aligned to 4 elements.
-  const bool vec = ldy % 4 == 0 && ldo % 4 == 0 && aligned16(y) && aligned16(f.shift) && aligned16(f.a) &&
-                   aligned16(f.c) && (reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut))) == 0;
+  const bool vec = ldy % 4 == 0 && ldo % 4 == 0 && util::aligned16(y) && util::aligned16(f.shift) && util::aligned16(f.a) &&
+                   util::aligned16(f.c) && (reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut))) == 0;
   auto* o = static_cast<TOut*>(out);
   return vec ? launch_typed<true>(y, ldy, M, N, f, o, ldo, stream) : launch_typed<false>(y, ldy, M, N, f, o, ldo, stream);
 }
