@@ -1,12 +1,17 @@
 """Forward benchmark of the fused op against its peers, all timed in one process.
 
-For each case and mode: eager PyTorch (the reference model), torch.compile (optional), the bare
-GEMM of the same precision (F.linear), and the op on the generic and sm90 paths. CUDA events,
-warm-up, median/min/max of --iters runs, fresh random inputs (x ~ U[0,1), default init), rel
-error of every impl vs a float64 reference. Writes the JSON format bench/results/*.json uses.
+For each case and mode: eager PyTorch (the reference model), torch.compile (default and
+max-autotune-no-cudagraphs; compile time reported separately), the bare GEMM of the same precision
+(F.linear), and the op on its generic and sm90 paths. CUDA events, warm-up, median/min/max of
+--iters runs, fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
+vs a float64 reference. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
 
-    python bench/bench_forward.py --quick                # headline shape, every mode
-    python bench/bench_forward.py --modes bf16 tf32 --compile --json out.json
+Cases: headline (1024x8192x8192) in fp32 / tf32 / bf16 / fp16; eval mode; an M sweep (256..65536
+at N = K = 8192); an N sweep (512..131072 at M = 1024, K = 4096); a small-K case.
+
+    python bench/bench_forward.py --quick          # about a minute: a subset, fewer iterations
+    python bench/bench_forward.py                  # everything (several minutes)
+    python bench/bench_forward.py --cases headline --modes bf16 --profile
 """
 from __future__ import annotations
 
@@ -17,15 +22,19 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gemm_bn_softmax as gbs  # noqa: E402
 from gemm_bn_softmax.reference import ReferenceModel  # noqa: E402
 
 MODES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CASES = ("headline", "eval", "m-sweep", "n-sweep", "small-k")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def time_ms(fn, iters: int, warmup: int = 10):
@@ -47,7 +56,7 @@ def rel_err(got, want):
     return ((got.double() - want).norm() / want.norm()).item()
 
 
-def bench_case(case, m, n, k, mode, iters, do_compile, training=True, profile=False):
+def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False):
     dtype = MODES[mode]
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     precision = "tf32" if mode == "tf32" else ("highest" if mode == "fp32" else None)
@@ -65,6 +74,7 @@ def bench_case(case, m, n, k, mode, iters, do_compile, training=True, profile=Fa
     records = []
     with torch.no_grad():
         want = ref64(x.double())
+        del ref64
         w, b = fused.gemm.weight, fused.gemm.bias
 
         def op(path):
@@ -72,30 +82,39 @@ def bench_case(case, m, n, k, mode, iters, do_compile, training=True, profile=Fa
                                                fused.bn.running_var, fused.scale, training=training,
                                                momentum=0.1, eps=1e-5, precision=precision, path=path)
 
-        impls = {"eager": lambda: ref(xd), "gemm": lambda: F.linear(xd, w, b)}
-        impls["generic"] = op("generic")
-        sm90_ok = gbs.dispatch_path(xd, w, b, precision=precision) == "sm90"
-        if sm90_ok:
+        impls = {"eager": lambda: ref(xd), "gemm": lambda: F.linear(xd, w, b), "generic": op("generic")}
+        if gbs.dispatch_path(xd, w, b, precision=precision) == "sm90":
             impls["sm90"] = op("sm90")
-        if do_compile:
-            impls["compile"] = torch.compile(ref)
-            impls["compile-max-autotune"] = torch.compile(ref, mode="max-autotune-no-cudagraphs")
+        for cmode in compile_modes:
+            name = "compile" if cmode == "default" else "compile-max-autotune"
+            compiled = torch.compile(ref, mode=None if cmode == "default" else "max-autotune-no-cudagraphs",
+                                     dynamic=dynamic)
+            impls[name] = (lambda c=compiled: c(xd))
         for name, fn in impls.items():
             try:
-                # error first, on the stats state the timing loop starts from
-                out = fn()
+                t0 = time.perf_counter()
+                out = fn()  # first call: compiles the torch.compile peers
+                torch.cuda.synchronize()
+                first_s = time.perf_counter() - t0
                 err = rel_err(out, want) if name != "gemm" else None
+                del out
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                fn()
+                torch.cuda.synchronize()
+                peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
                 med, lo, hi = time_ms(fn, iters)
             except Exception as exc:  # report, keep benchmarking the others
-                print(f"  {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+                print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
             rec = {"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name,
                    "training": training, "ms": med, "ms_min": lo, "ms_max": hi,
-                   "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err}
+                   "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err, "peak_mib": peak_mib}
+            if name.startswith("compile"):
+                rec["compile_s"] = first_s
             if profile and name in ("sm90", "generic"):
                 rec["kernels"] = profile_kernels(fn)
-                for row in rec["kernels"]:
-                    print(f"  {mode} {name}: {row['us']:8.1f} us x{row['calls_per_iter']:.0f}  {row['kernel'][:90]}")
             records.append(rec)
     torch.backends.cuda.matmul.allow_tf32 = False
     return records
@@ -134,38 +153,86 @@ def table(records):
     return "\n".join(lines)
 
 
+def plan(a):
+    """(case, M, N, K, mode, training, compile_modes, dynamic) for the chosen cases."""
+    hm, hn, hk = (int(v) for v in a.size.split("x"))
+    quick = a.quick
+    compile_modes = () if a.no_compile else (("default",) if quick else ("default", "max-autotune"))
+    sweep_modes = [md for md in a.modes if md in ("bf16", "tf32")] or a.modes[:1]
+    out = []
+    if "headline" in a.cases:
+        out += [("headline", hm, hn, hk, md, True, compile_modes, False) for md in a.modes]
+    if "eval" in a.cases:
+        out += [("eval", hm, hn, hk, md, False, (), False) for md in sweep_modes]
+    sweep_compile = () if a.no_compile else ("default",)
+    if "m-sweep" in a.cases:
+        ms = (256, 4096, 16384) if quick else (256, 1024, 4096, 16384, 65536)
+        out += [("m-sweep", m, 8192, 8192, md, True, sweep_compile, True) for md in sweep_modes for m in ms]
+    if "n-sweep" in a.cases:
+        ns = (512, 8192, 131072) if quick else (512, 2048, 8192, 32768, 131072)
+        out += [("n-sweep", 1024, n, 4096, md, True, sweep_compile, True) for md in sweep_modes for n in ns]
+    if "small-k" in a.cases:
+        out += [("small-k", 4096, 8192, 64, md, True, sweep_compile, False) for md in sweep_modes]
+    return out
+
+
+def gpu_info():
+    info = {}
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.limit",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+        info["clocks"] = q
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--size", default="1024x8192x8192", help="MxNxK of the headline case")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--quick", action="store_true", help="fewer iterations")
-    p.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile)")
-    p.add_argument("--eval", action="store_true", help="also time eval mode")
+    p.add_argument("--quick", action="store_true", help="a one-minute subset: fewer sizes and iterations")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers (slow to compile)")
     p.add_argument("--profile", action="store_true", help="per-kernel GPU times of the op (torch.profiler)")
-    p.add_argument("--json", default=None, help="write results here")
+    p.add_argument("--json", default=None, help="output path (default bench/results/<gpu>-<date>.json)")
+    p.add_argument("--no-plots", action="store_true")
     a = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_forward.py needs a CUDA GPU")
-    m, n, k = (int(v) for v in a.size.split("x"))
-    iters = 30 if a.quick else a.iters
+    iters = 30 if a.quick else max(a.iters, 30)
+    todo = plan(a)
+    try:
+        from tqdm import tqdm
+        todo_iter = tqdm(todo, desc="bench", unit="case")
+    except ImportError:
+        todo_iter = todo
     records = []
-    for mode in a.modes:
-        records += bench_case("headline", m, n, k, mode, iters, a.compile, profile=a.profile)
-        if a.eval:
-            records += bench_case("eval", m, n, k, mode, iters, False, training=False)
+    for case, m, n, k, mode, training, cmodes, dynamic in todo_iter:
+        if todo_iter is todo:
+            print(f"[{len(records)}] {case} {mode} {m}x{n}x{k}", flush=True)
+        records += bench_case(case, m, n, k, mode, iters, cmodes, training, a.profile and case == "headline", dynamic)
+        torch.cuda.empty_cache()
     try:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
     except OSError:
         git = "unknown"
+    now = dt.datetime.now(dt.timezone.utc)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "git": os.environ.get("GIT_REV", git), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "records": records}
+              "git": os.environ.get("GIT_REV", git), "date": now.isoformat(timespec="seconds"),
+              "gpu": gpu_info(), "iters": iters, "records": records}
     print(table(records))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
+    path = a.json or os.path.join(RESULTS, f"{torch.cuda.get_device_name().split()[-1].lower()}-{now:%Y-%m-%d}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}")
+    if not a.no_plots:
+        import plot_results
+
+        plot_results.main([path])
 
 
 if __name__ == "__main__":

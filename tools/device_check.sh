@@ -95,8 +95,8 @@ done
 rm -f "$OUT/pytest-one.log"
 
 step "bench"
-BENCH_ARGS=${BENCH_ARGS:---quick --profile}
-PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_forward.py $BENCH_ARGS --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
+BENCH_ARGS=${BENCH_ARGS:---quick --no-compile --cases headline eval --profile}
+PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_forward.py $BENCH_ARGS --no-plots --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
 
 if [ "${NCU:-0}" = "1" ] && command -v ncu >/dev/null; then
   step "ncu (bf16 sm90, one op call)"

@@ -1,0 +1,46 @@
+"""The benchmark tooling that needs no GPU: results -> markdown/plots, ncu report -> summary."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "bench")
+sys.path.insert(0, BENCH)
+
+import ncu_summary  # noqa: E402
+import plot_results  # noqa: E402
+
+RESULT = os.path.join(BENCH, "results", "h200-2026-11-29.json")
+NCU = os.path.join(BENCH, "results", "ncu-h200-2026-11-29-bf16-sm90.txt")
+
+
+def test_markdown_and_stage_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "r.json"
+    shutil.copy(RESULT, path)
+    assert plot_results.main([str(path)]) == 0
+    md = (tmp_path / "r.md").read_text()
+    data = json.load(open(RESULT))
+    n_cases = {(r["case"], r["mode"]) for r in data["records"] if r["impl"] in ("sm90", "generic")}
+    assert md.count("\n| headline") + md.count("\n| eval") == len(n_cases)
+    assert (tmp_path / "r-stages.png").stat().st_size > 10_000
+
+
+def test_ncu_summary_reads_every_kernel():
+    kernels = ncu_summary.parse(open(NCU).read())
+    names = [ncu_summary.short_name(k) for k, _ in kernels]
+    assert names == ["sm90 GEMM + column statistics", "finalize_kernel", "softmax_rows_in_registers"]
+    gemm = kernels[0][1]
+    assert gemm["Duration"][0] == "us" and gemm["Duration"][1] > 100
+    table = ncu_summary.summarize(kernels, 1024, 8192, 8192, "bf16")
+    assert "TFLOP/s" in table and "TB/s" in table
+
+
+def test_bench_cli_help():
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "bench_forward.py"), "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "--quick" in out and "m-sweep" in out
