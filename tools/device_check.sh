@@ -84,7 +84,7 @@ fi
 step "pytest"
 # one process per file: a crash in one file does not hide the others' results
 : >"$OUT/pytest.log"
-for f in tests/python/test_*.py; do
+for f in ${PYTEST_FILES:-tests/python/test_*.py}; do
   PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider "$f" \
     >"$OUT/pytest-one.log" 2>&1
   rc=$?
