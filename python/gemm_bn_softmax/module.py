@@ -54,6 +54,10 @@ class FusedGemmBNSoftmax(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bn = self.bn
+        if bn.track_running_stats and (bn.running_mean is None or bn.running_var is None):
+            # nn.BatchNorm1d would silently fall back to batch statistics here
+            raise ValueError("FusedGemmBNSoftmax: bn.track_running_stats is True but bn.running_mean / "
+                             "bn.running_var is None; restore them or set track_running_stats=False")
         return gemm_bn_softmax(
             x, self.gemm.weight, self.gemm.bias, bn.weight, bn.bias,
             # nn.BatchNorm1d passes running stats unless training without tracking

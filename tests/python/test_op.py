@@ -203,3 +203,10 @@ def test_mixed_bn_parameter_dtypes(device):
         x = torch.rand(16, 32, device=device).to(torch.bfloat16)
         _step_and_compare(ref64, fused, x, torch.bfloat16, training)
     assert fused.bn.running_mean.dtype == torch.bfloat16
+
+
+def test_module_refuses_missing_running_stats_with_tracking_on():
+    fused = gbs.FusedGemmBNSoftmax(8, 4).eval()
+    fused.bn.running_mean = None
+    with pytest.raises(ValueError, match="track_running_stats is True but bn.running_mean"):
+        fused(torch.rand(3, 8))

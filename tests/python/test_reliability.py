@@ -104,3 +104,33 @@ def test_compile_reduce_overhead():
             want = ref64(x.double())
         assert rel_err(got, want) <= 1e-5, step
         assert rel_err(fused.bn.running_var, ref64.bn.running_var) <= 2e-6, step
+
+
+def test_two_threads_on_their_own_streams():
+    import threading
+
+    torch.manual_seed(7)
+    x = torch.rand(300, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(200, 128, device="cuda", dtype=torch.bfloat16) * 0.1
+    want = gbs.gemm_bn_softmax(x, w, None)
+    torch.cuda.synchronize()
+    results, errors = {}, []
+
+    def worker(i):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                outs = [gbs.gemm_bn_softmax(x, w, None) for _ in range(20)]
+            stream.synchronize()
+            results[i] = outs
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for outs in results.values():
+        assert all(torch.equal(o, want) for o in outs)
