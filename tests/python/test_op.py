@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import DEVICES, HAS_CUDA
+from conftest import DEVICES
 from helpers import STAT_TOL, TOL, make_models, rel_err
 
 import gemm_bn_softmax as gbs
