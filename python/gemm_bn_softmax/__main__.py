@@ -101,8 +101,8 @@ def main(argv=None) -> int:
     flops = 2.0 * m * n * k
     print(f"device {name} | {args.dtype} | M={m} N={n} K={k} | {'eval' if args.eval else 'training'} | path {path}")
     print(f"{'impl':<8}{'median ms':>12}{'min ms':>10}{'TFLOP/s':>10}{'rel err vs fp64':>18}")
-    print(f"{'fused':<8}{t_fused[0]:>12.4f}{t_fused[1]:>10.4f}{flops / t_fused[0] / 1e9:>10.1f}{err:>18.2e}")
-    print(f"{'eager':<8}{t_eager[0]:>12.4f}{t_eager[1]:>10.4f}{flops / t_eager[0] / 1e9:>10.1f}{err_eager:>18.2e}")
+    print(f"{'fused':<8}{t_fused[0]:>12.4f}{t_fused[1]:>10.4f}{flops / t_fused[0] / 1e9:>10.3g}{err:>18.2e}")
+    print(f"{'eager':<8}{t_eager[0]:>12.4f}{t_eager[1]:>10.4f}{flops / t_eager[0] / 1e9:>10.3g}{err_eager:>18.2e}")
     print(f"speedup vs eager: {t_eager[0] / t_fused[0]:.2f}x   running_var rel err: {stat_err:.2e}")
     return 0
 
