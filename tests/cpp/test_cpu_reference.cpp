@@ -267,3 +267,61 @@ TEST(Validate, RejectsBadArguments) {
 
 }  // namespace
 }  // namespace fused
+
+namespace fused {
+namespace {
+
+// BN vectors in bf16 / fp16 (a module converted with .to(dtype)): read and written in their dtype.
+TEST(Finalize, HalfPrecisionParametersReadAndWrittenInTheirDtype) {
+  const int64_t M = 64, N = 5;
+  const auto y = test::random_columns(M, N, 1.0, 21);
+  std::vector<float> part(2 * N);
+  ColumnStatsPartials p;
+  p.row_tile = 64; p.num_row_tiles = 1; p.ld = N; p.mean = part.data(); p.m2 = part.data() + N;
+  cpu::column_partials(y.data(), N, M, N, p);
+  for (ElementType t : {ElementType::kBFloat16, ElementType::kFloat16}) {
+    auto enc = [&](float v) { return t == ElementType::kBFloat16 ? half_bits::float_to_bf16_bits(v) : half_bits::float_to_fp16_bits(v); };
+    std::vector<uint16_t> gamma(N), beta(N), rm(N), rv(N), scale{enc(2.0f)};
+    for (int64_t n = 0; n < N; ++n) {
+      gamma[n] = enc(1.0f + 0.25f * n); beta[n] = enc(-0.5f); rm[n] = enc(0.5f); rv[n] = enc(2.0f);
+    }
+    BatchNormArgs bn;
+    bn.gamma = gamma.data(); bn.beta = beta.data(); bn.running_mean = rm.data(); bn.running_var = rv.data();
+    bn.param_dtype = t; bn.scale = scale.data(); bn.scale_dtype = t; bn.momentum = 0.5;
+    std::vector<float> shift(N), a(N), c(N), inv(N);
+    cpu::finalize(p, M, N, bn, inv.data(), ColumnAffine{shift.data(), a.data(), c.data()});
+    for (int64_t n = 0; n < N; ++n) {
+      double mean, m2;
+      test::column_moments(y, N, n, 0, M, mean, m2);
+      EXPECT_LE(test::rel_diff(a[n], 2.0 * (1.0 + 0.25 * n) / std::sqrt(m2 / M + 1e-5)), 1e-6);
+      EXPECT_FLOAT_EQ(c[n], -1.0f);
+      const float want_rm = 0.5f * 0.5f + 0.5f * static_cast<float>(mean);
+      EXPECT_EQ(rm[n], enc(want_rm)) << "running_mean stored in its dtype, rounded once";
+      const float got_rv = half_bits::load(rv.data(), t, n);
+      EXPECT_LE(test::rel_diff(got_rv, 0.5 * 2.0 + 0.5 * m2 / (M - 1)), t == ElementType::kBFloat16 ? 4e-3 : 5e-4);
+    }
+  }
+}
+
+TEST(Convert, HalfBitsRoundTrip) {
+  for (float v : {0.0f, -0.0f, 1.0f, -3.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.0009765625f}) {
+    EXPECT_EQ(half_bits::fp16_bits_to_float(half_bits::float_to_fp16_bits(v)), v) << v;
+    const float b = half_bits::bf16_bits_to_float(half_bits::float_to_bf16_bits(v));
+    EXPECT_LE(std::fabs(b - v), std::fabs(v) * (1.0f / 256)) << v;
+  }
+  EXPECT_TRUE(std::isinf(half_bits::fp16_bits_to_float(0x7c00)));
+  EXPECT_TRUE(std::isnan(half_bits::fp16_bits_to_float(0x7e00)));
+}
+
+}  // namespace
+}  // namespace fused
+
+namespace fused {
+namespace {
+TEST(Convert, NonRepresentableValuesRoundToNearest) {
+  // 1e-3 lies between fp16 0x1418 (0.00099945) and 0x1419 (0.0010004); nearest is 0x1419
+  EXPECT_EQ(half_bits::float_to_fp16_bits(1e-3f), 0x1419);
+  EXPECT_NEAR(half_bits::fp16_bits_to_float(0x1419), 1e-3f, 1e-6f);
+}
+}  // namespace
+}  // namespace fused
