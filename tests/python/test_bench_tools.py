@@ -44,3 +44,21 @@ def test_bench_cli_help():
     out = subprocess.run([sys.executable, os.path.join(BENCH, "bench_forward.py"), "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert "--quick" in out and "m-sweep" in out
+
+
+def test_bench_plan_covers_the_cases():
+    import argparse
+
+    import bench_forward
+
+    args = argparse.Namespace(size="1024x8192x8192", quick=False, no_compile=False, modes=list(bench_forward.MODES),
+                              cases=list(bench_forward.CASES))
+    todo = bench_forward.plan(args)
+    cases = {t[0] for t in todo}
+    assert cases == set(bench_forward.CASES)
+    assert {t[4] for t in todo if t[0] == "headline"} == {"fp32", "tf32", "bf16", "fp16"}
+    assert sorted({t[1] for t in todo if t[0] == "m-sweep"}) == [256, 1024, 4096, 16384, 65536]
+    assert sorted({t[2] for t in todo if t[0] == "n-sweep"}) == [512, 2048, 8192, 32768, 131072]
+    assert all(t[6] == ("default", "max-autotune") for t in todo if t[0] == "headline")
+    args.quick, args.no_compile = True, True
+    assert all(t[6] == () for t in bench_forward.plan(args))
