@@ -12,6 +12,16 @@ TOL = {torch.float32: 1e-5, "tf32": 5e-4, torch.bfloat16: 7e-3, torch.float16: 1
 STAT_TOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 
 
+def functional_ref64(x, w, b=None, gamma=None, beta=None, scale=1.0, eps=1e-5):
+    """softmax(scale * batch_norm(x W^T + b)) in float64 with batch statistics; returns (out, y)."""
+    y = x.double() @ w.double().t() + (b.double() if b is not None else 0)
+    z = (y - y.mean(0)) / torch.sqrt(y.var(0, unbiased=False) + eps)
+    if gamma is not None:
+        z = z * gamma.double() + beta.double()
+    s = scale.double() if isinstance(scale, torch.Tensor) else scale
+    return torch.softmax(s * z, 1), y
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.double(), want.double()
     assert not torch.isnan(got).any(), "NaN in output (unwritten element?)"

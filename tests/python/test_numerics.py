@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import HAS_CUDA, IS_HOPPER
-from helpers import rel_err
+from helpers import functional_ref64, rel_err
 
 import gemm_bn_softmax as gbs
 
@@ -12,14 +12,6 @@ TARGETS = [("cpu", None),
            pytest.param("cuda", "generic", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")),
            pytest.param("cuda", "sm90", marks=pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper GPU"))]
 IDS = ["cpu", "cuda-generic", "cuda-sm90"]
-
-
-def _ref64(x, w, b, gamma=None, beta=None, scale=1.0, eps=1e-5):
-    y = x.double() @ w.double().t() + (b.double() if b is not None else 0)
-    z = (y - y.mean(0)) / torch.sqrt(y.var(0, unbiased=False) + eps)
-    if gamma is not None:
-        z = z * gamma.double() + beta.double()
-    return torch.softmax(scale * z, 1), y
 
 
 def _precision(device, path, dtype):
@@ -51,7 +43,7 @@ def test_large_scale_logits(device, path):
     m, n, k = 64, 40, 24
     x, w, b = torch.rand(m, k, device=device), torch.randn(n, k, device=device), torch.randn(n, device=device)
     got = gbs.gemm_bn_softmax(x, w, b, scale=1e4, precision=_precision(device, path, x.dtype), path=path)
-    want, _ = _ref64(x, w, b, scale=1e4)
+    want, _ = functional_ref64(x, w, b, scale=1e4)
     assert torch.isfinite(got).all()
     y = torch.nn.functional.linear(x, w, b)
     eager = torch.softmax(1e4 * torch.nn.functional.batch_norm(y, None, None, training=True), 1)
@@ -69,7 +61,7 @@ def test_constant_columns_and_rows_take_the_eps_path(device, path):
     b = torch.randn(n, device=device)
     gamma, beta = torch.rand(n, device=device) + 0.5, torch.randn(n, device=device)
     got = gbs.gemm_bn_softmax(x, w, b, gamma, beta, precision=_precision(device, path, x.dtype), path=path)
-    want, _ = _ref64(x, w, b, gamma, beta)
+    want, _ = functional_ref64(x, w, b, gamma, beta)
     assert rel_err(got, want) <= 1e-3 if path == "sm90" else rel_err(got, want) <= 1e-5
     # constant rows: every column has zero variance, every row is softmax(beta)
     xc = x[:1].expand(m, k).contiguous()
@@ -103,7 +95,7 @@ def test_fp16_inputs_whose_product_overflows_fp16(device, path):
     x = (torch.rand(m, k, device=device) * 100 + 100).half()
     w = (torch.rand(n, k, device=device) * 10).half()
     got = gbs.gemm_bn_softmax(x, w, None, path=path)
-    want, y64 = _ref64(x, w, None)
+    want, y64 = functional_ref64(x, w, None)
     assert y64.abs().max() > 65504  # it really would overflow fp16
     assert torch.isfinite(got).all()
     assert rel_err(got, want) <= 1e-3
@@ -116,7 +108,7 @@ def test_tiny_batches(device, path, m):
     n, k = 24, 16
     x, w, b = torch.rand(m, k, device=device), torch.randn(n, k, device=device), torch.randn(n, device=device)
     got = gbs.gemm_bn_softmax(x, w, b, precision=_precision(device, path, x.dtype), path=path)
-    want, _ = _ref64(x, w, b)
+    want, _ = functional_ref64(x, w, b)
     assert rel_err(got, want) <= (5e-4 if path == "sm90" else 1e-5)
 
 
@@ -127,5 +119,5 @@ def test_very_wide_rows(device, path):
     x = torch.rand(m, k, device=device).to(torch.bfloat16)
     w = torch.randn(n, k, device=device).to(torch.bfloat16)
     got = gbs.gemm_bn_softmax(x, w, None, scale=3.0, path=path)
-    want, _ = _ref64(x, w, None, scale=3.0)
+    want, _ = functional_ref64(x, w, None, scale=3.0)
     assert rel_err(got, want) <= 7e-3
