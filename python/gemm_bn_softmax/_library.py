@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 
 import torch
@@ -13,6 +14,15 @@ def _find_extension() -> str:
     override = os.environ.get("GEMM_BN_SOFTMAX_LIBRARY")
     if override:
         return override
+    # _C.so is a plain shared library (no Python module init), but its name is a valid extension
+    # module file name, so the import system locates it without importing it: beside the sources,
+    # in site-packages, or wherever an editable install (scikit-build-core) redirects it.
+    try:
+        spec = importlib.util.find_spec(__package__ + "._C")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin and os.path.isfile(spec.origin):
+        return spec.origin
     candidates = sorted(glob.glob(os.path.join(_HERE, "_C*.so")))
     if not candidates:
         raise ImportError(
