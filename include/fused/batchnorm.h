@@ -20,6 +20,12 @@ struct ColumnStatsPartials {
   int64_t ld = 0;  // >= N
 };
 
+// nn.BatchNorm1d's rule, the one definition for the library and the torch binding: batch
+// statistics in training, and in eval when there are no running statistics.
+FUSED_HOST_DEVICE constexpr bool batch_norm_uses_batch_stats(bool training, bool has_running_stats) {
+  return training || !has_running_stats;
+}
+
 // BatchNorm1d arguments. All pointers live in the memory space of the entry point they are
 // passed to (device memory for fused::cuda, host memory for fused::cpu). The BN vectors are read
 // (and the running statistics written) in their own dtype, `param_dtype` (fp32, or x's dtype for
@@ -42,8 +48,9 @@ struct BatchNormArgs {
   int64_t scale_numel = 1;
   ElementType scale_dtype = ElementType::kFloat32;
 
-  // nn.BatchNorm1d: batch statistics in training, and in eval when there are no running stats.
-  FUSED_HOST_DEVICE constexpr bool uses_batch_stats() const { return training || running_mean == nullptr; }
+  FUSED_HOST_DEVICE constexpr bool uses_batch_stats() const {
+    return batch_norm_uses_batch_stats(training, running_mean != nullptr);
+  }
   FUSED_HOST_DEVICE constexpr bool updates_running_stats() const { return uses_batch_stats() && running_mean != nullptr; }
 };
 

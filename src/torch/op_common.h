@@ -38,7 +38,7 @@ struct OpArgs {
   int64_t N() const { return weight.size(0); }
   int64_t K() const { return x.size(1); }
   bool has_running_stats() const { return running_mean.has_value() && running_mean->defined(); }
-  bool uses_batch_stats() const { return training || !has_running_stats(); }
+  bool uses_batch_stats() const { return batch_norm_uses_batch_stats(training, has_running_stats()); }
 };
 
 // Every precondition of the contract, each failure naming the argument. Throws.
