@@ -12,6 +12,7 @@ at N = K = 8192); an N sweep (512..131072 at M = 1024, K = 4096); a small-K case
     python bench/bench_forward.py --quick          # about a minute: a subset, fewer iterations
     python bench/bench_forward.py                  # everything (several minutes)
     python bench/bench_forward.py --cases headline --modes bf16 --profile
+    python bench/bench_forward.py --time-budget 400; python bench/bench_forward.py --resume <json>
 """
 from __future__ import annotations
 
@@ -98,19 +99,16 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 first_s = time.perf_counter() - t0
                 err = rel_err(out, want) if name != "gemm" else None
                 del out
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                fn()
-                torch.cuda.synchronize()
-                peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+                memory = measure_memory(fn)
+                if training and not name.startswith("compile"):  # compiled peers would recompile for grad
+                    memory.update({f"{key}_autograd": v for key, v in measure_memory(fn, grad=True).items()})
                 med, lo, hi = time_ms(fn, iters)
             except Exception as exc:  # report, keep benchmarking the others
                 print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
             rec = {"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name,
                    "training": training, "ms": med, "ms_min": lo, "ms_max": hi,
-                   "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err, "peak_mib": peak_mib}
+                   "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err, **memory}
             if name.startswith("compile"):
                 rec["compile_s"] = first_s
             if profile and name in ("sm90", "generic"):
@@ -118,6 +116,29 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
             records.append(rec)
     torch.backends.cuda.matmul.allow_tf32 = False
     return records
+
+
+def measure_memory(fn, grad: bool = False):
+    """Device memory of one call, in MiB above what was allocated before it.
+
+    peak_mib: the high-water mark during the call. large_allocs: allocations from the caching
+    allocator's large pool (> 1 MiB: on the headline shape, the (M, N) tensors a call creates).
+    With grad=True the parameters record an autograd graph, as in a training step, and
+    retained_mib is what the graph keeps alive for the backward after the forward returns.
+    """
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    allocs = torch.cuda.memory_stats().get("allocation.large_pool.allocated", 0)
+    with torch.set_grad_enabled(grad):
+        out = fn()
+    torch.cuda.synchronize()
+    result = {"peak_mib": (torch.cuda.max_memory_allocated() - base) / 2**20,
+              "large_allocs": torch.cuda.memory_stats().get("allocation.large_pool.allocated", 0) - allocs}
+    if grad:
+        result["retained_mib"] = (torch.cuda.memory_allocated() - base) / 2**20
+    del out
+    return result
 
 
 def profile_kernels(fn, iters: int = 20):
@@ -187,6 +208,32 @@ def gpu_info():
     return info
 
 
+def case_key(item):
+    """(case, M, N, K, mode, training) of a plan item or a record: what --resume matches on."""
+    if isinstance(item, dict):
+        return item["case"], item["M"], item["N"], item["K"], item["mode"], item["training"]
+    return tuple(item[:6])
+
+
+def new_result(iters, now):
+    try:
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except OSError:
+        git = "unknown"
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "git": os.environ.get("GIT_REV", git), "date": now.isoformat(timespec="seconds"),
+            "gpu": gpu_info(), "iters": iters, "command": " ".join(sys.argv[1:]), "complete": False, "records": []}
+
+
+def write_json(result, path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
@@ -198,37 +245,51 @@ def main():
     p.add_argument("--profile", action="store_true", help="per-kernel GPU times of the op (torch.profiler)")
     p.add_argument("--json", default=None, help="output path (default bench/results/<gpu>-<date>.json)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--resume", default=None, metavar="JSON",
+                   help="continue an interrupted run: skip the cases this JSON already holds, append to it")
+    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="start no new case after S seconds (the JSON is written after every case)")
     a = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_forward.py needs a CUDA GPU")
     iters = 30 if a.quick else max(a.iters, 30)
     todo = plan(a)
+    now = dt.datetime.now(dt.timezone.utc)
+    path = a.json or a.resume or os.path.join(
+        RESULTS, f"{torch.cuda.get_device_name().split()[-1].lower()}-{now:%Y-%m-%d}.json")
+    result = new_result(iters, now)
+    if a.resume:  # keep what an earlier, interrupted run of the same plan measured
+        with open(a.resume) as f:
+            earlier = json.load(f)
+        if earlier.get("git") != result["git"]:
+            sys.exit(f"--resume: {a.resume} was measured at git {earlier.get('git')}, this is {result['git']}")
+        result = earlier
+        done = {case_key(r) for r in result["records"]}
+        todo = [t for t in todo if case_key(t) not in done]
+        print(f"resuming {a.resume}: {len(done)} cases done, {len(todo)} to go", flush=True)
+    started = time.perf_counter()
     try:
         from tqdm import tqdm
         todo_iter = tqdm(todo, desc="bench", unit="case")
     except ImportError:
         todo_iter = todo
-    records = []
-    for case, m, n, k, mode, training, cmodes, dynamic in todo_iter:
+    for i, (case, m, n, k, mode, training, cmodes, dynamic) in enumerate(todo_iter):
+        if a.time_budget and time.perf_counter() - started > a.time_budget:
+            print(f"time budget of {a.time_budget} s spent: {len(todo) - i} cases left; "
+                  f"continue with --resume {path}", flush=True)
+            break
         if todo_iter is todo:
-            print(f"[{len(records)}] {case} {mode} {m}x{n}x{k}", flush=True)
-        records += bench_case(case, m, n, k, mode, iters, cmodes, training, a.profile and case == "headline", dynamic)
+            print(f"[{i}/{len(todo)}] {case} {mode} {m}x{n}x{k}", flush=True)
+        result["records"] += bench_case(case, m, n, k, mode, iters, cmodes, training,
+                                        a.profile and case == "headline", dynamic)
+        result["complete"] = i + 1 == len(todo)
+        write_json(result, path)  # after every case: an interrupted run keeps what it measured
         torch.cuda.empty_cache()
-    try:
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
-    except OSError:
-        git = "unknown"
-    now = dt.datetime.now(dt.timezone.utc)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "git": os.environ.get("GIT_REV", git), "date": now.isoformat(timespec="seconds"),
-              "gpu": gpu_info(), "iters": iters, "records": records}
-    print(table(records))
-    path = a.json or os.path.join(RESULTS, f"{torch.cuda.get_device_name().split()[-1].lower()}-{now:%Y-%m-%d}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}")
+    else:
+        result["complete"] = True
+        write_json(result, path)
+    print(table(result["records"]))
+    print(f"wrote {path}" + ("" if result["complete"] else " (incomplete)"))
     if not a.no_plots:
         import plot_results
 

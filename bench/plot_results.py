@@ -38,19 +38,26 @@ def peer_ms(records):
 def markdown(data) -> str:
     records = data["records"]
     best, peers = best_op(records), peer_ms(records)
-    lines = [f"{data['device']}, torch {data['torch']}, CUDA {data['cuda']}, git {data['git']}, {data['date']}", "",
-             "| case | M | N | K | mode | op path | op ms | TFLOP/s | vs eager | vs compile | op / GEMM | peak MiB (op / eager) | rel err (op / eager) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = f"{data['device']}, torch {data['torch']}, CUDA {data['cuda']}, git {data['git']}, {data['date']}"
+    if data.get("command") is not None:
+        head += f"; `python bench/bench_forward.py {data['command']}`"
+    if data.get("complete") is False:
+        head += " (INCOMPLETE run: some cases are missing)"
+    lines = [head, "",
+             "| case | M | N | K | mode | op path | op ms | TFLOP/s | vs eager | vs compile | op / GEMM "
+             "| peak MiB, no grad (op / eager) | peak MiB, autograd (op / eager) | rel err (op / eager) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in best.items():
         case, m, n, k, mode = key
         e, c, g = (peers.get(key + (p,)) for p in ("eager", "compile", "gemm"))
         eager_rec = next((x for x in records if (x["case"], x["M"], x["N"], x["K"], x["mode"], x["impl"]) == key + ("eager",)), {})
         fmt = lambda v, f: (f % v) if v is not None else "-"  # noqa: E731
         peak = f"{fmt(r.get('peak_mib'), '%.0f')} / {fmt(eager_rec.get('peak_mib'), '%.0f')}"
+        peak_ag = f"{fmt(r.get('peak_mib_autograd'), '%.0f')} / {fmt(eager_rec.get('peak_mib_autograd'), '%.0f')}"
         err = f"{fmt(r.get('rel_err'), '%.1e')} / {fmt(eager_rec.get('rel_err'), '%.1e')}"
         lines.append(f"| {case} | {m} | {n} | {k} | {mode} | {r['impl']} | {r['ms']:.4f} | {r['tflops']:.0f} | "
                      f"{fmt(e / r['ms'] if e else None, '%.2f×')} | {fmt(c / r['ms'] if c else None, '%.2f×')} | "
-                     f"{fmt(r['ms'] / g if g else None, '%.3f')} | {peak} | {err} |")
+                     f"{fmt(r['ms'] / g if g else None, '%.3f')} | {peak} | {peak_ag} | {err} |")
     return "\n".join(lines)
 
 

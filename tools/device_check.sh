@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # One call on the H200 (device tool): build against the device's torch, run every GPU test
 # (ctest + pytest), check the SASS for HGMMA, run the benchmark. Logs and JSON go to $OUT.
-#   run: bash tools/device_check.sh [quick|full|sanitize]   (carry: .device_cache)
+#   run: bash tools/device_check.sh [full|sanitize|bench]   (carry: .device_cache)
+#     full:     build, SASS check, ctest, pytest, then bench_forward.py with $BENCH_ARGS
+#               (BENCH_ARGS=none skips it); NCU=1 adds Nsight Compute over each kernel.
+#     sanitize: compute-sanitizer (memcheck/racecheck/synccheck/initcheck) over every kernel.
+#     bench:    build, then bench_forward.py with $BENCH_ARGS (default: everything, with a
+#               time budget that fits one device call; continue with --resume <json>).
 # .device_cache holds what the device lacks: the nvidia-cutlass wheel and the googletest .debs
 # (see tools/prepare_device_cache.sh).
 set -uo pipefail
@@ -14,7 +19,7 @@ status=0
 step() { echo; echo "=== $* ==="; }
 
 step "device"
-# At most 8 files come back from $OUT: env.log build.log ctest.log pytest.log bench.log bench.json sass.txt extra.log
+# At most 8 files come back from $OUT: env.log build.log ctest.log pytest.log bench.log bench.json extra.log ncu.tgz
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/env.log"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
@@ -36,7 +41,7 @@ step "sass"
 if command -v cuobjdump >/dev/null; then
   n=$(cuobjdump --dump-sass build-device/libfused_sm90.a 2>/dev/null | grep -c HGMMA || true)
   ldl=$(cuobjdump --dump-sass build-device/libfused_sm90.a 2>/dev/null | grep -cE "\bLDL|\bSTL" || true)
-  echo "HGMMA instructions in libfused_sm90.a: $n; local-memory LDL/STL: $ldl" | tee "$OUT/sass.txt"
+  echo "HGMMA instructions in libfused_sm90.a: $n; local-memory LDL/STL: $ldl" | tee -a "$OUT/env.log"
   [ "$n" -gt 0 ] || { echo "NO HGMMA in the sm90 library"; status=1; }
 fi
 
@@ -63,6 +68,16 @@ if [ "$MODE" = "sanitize" ]; then
     echo "$f: $(grep -E 'passed|failed|error' "$OUT/pytest.log" | tail -1)"
   done
   grep -E "^E  |^FAILED" "$OUT/pytest.log" | head -20
+  echo "device_check status: $status"
+  exit $status
+fi
+
+if [ "$MODE" = "bench" ]; then
+  step "bench"
+  BENCH_ARGS=${BENCH_ARGS:---profile --time-budget 420}
+  PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_forward.py $BENCH_ARGS --no-plots --json "$OUT/bench.json" \
+    >"$OUT/bench.log" 2>&1 || status=1
+  grep -vE "^bench:|it/s\]|s/it\]" "$OUT/bench.log" | tail -60
   echo "device_check status: $status"
   exit $status
 fi
@@ -94,15 +109,22 @@ for f in ${PYTEST_FILES:-tests/python/test_*.py}; do
 done
 rm -f "$OUT/pytest-one.log"
 
-step "bench"
 BENCH_ARGS=${BENCH_ARGS:---quick --no-compile --cases headline eval --profile}
-PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_forward.py $BENCH_ARGS --no-plots --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
+if [ "$BENCH_ARGS" != "none" ]; then
+  step "bench"
+  PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_forward.py $BENCH_ARGS --no-plots --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
+fi
 
 if [ "${NCU:-0}" = "1" ] && command -v ncu >/dev/null; then
-  step "ncu (bf16 sm90, one op call)"
-  PYTHONPATH="$PWD/python:$PYTHONPATH" bash bench/profile_ncu.sh bf16 sm90 >>"$OUT/extra.log" 2>&1
-  grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy" \
-    "$OUT/extra.log" | grep -v "^  cpu\|^  cuda" | cut -c1-120 | head -40
+  # one report + markdown summary per (dtype, path): every kernel either path launches
+  mkdir -p /tmp/ncu
+  for cfg in ${NCU_CASES:-bf16:sm90 tf32:sm90 bf16:generic}; do
+    dt=${cfg%%:*}; pth=${cfg#*:}
+    step "ncu ($dt $pth, one op call)"
+    PYTHONPATH="$PWD/python:$PYTHONPATH" bash bench/profile_ncu.sh "$dt" "$pth" >"/tmp/ncu/ncu-$dt-$pth.txt" 2>&1
+    "$PY" bench/ncu_summary.py "/tmp/ncu/ncu-$dt-$pth.txt" --dtype "$dt" | tee "/tmp/ncu/ncu-$dt-$pth.md"
+  done
+  tar -czf "$OUT/ncu.tgz" -C /tmp/ncu .
 fi
 
 echo; echo "device_check status: $status"

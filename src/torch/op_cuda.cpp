@@ -1,6 +1,7 @@
 // CUDA kernel of fused::gemm_bn_softmax: picks the path (sm90 GEMM with the statistics
 // epilogue, or cuBLAS + the generic column-partials kernel), allocates through the caching
 // allocator (CUDA-graph safe) and launches on the current stream, no host synchronisation.
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 
 #include "op_common.h"
 
@@ -83,34 +85,57 @@ std::string select(const OpArgs& a, const Operands& o, const Outputs& outs) {
   return "generic";
 }
 
-// cuBLAS follows torch's global TF32 switch; an explicit `precision` overrides it for this call.
-class CublasTf32Guard {
- public:
-  explicit CublasTf32Guard(bool allow) : previous_(at::globalContext().allowTF32CuBLAS()) {
-    if (allow != previous_) at::globalContext().setAllowTF32CuBLAS(allow);
-  }
-  ~CublasTf32Guard() {
-    if (at::globalContext().allowTF32CuBLAS() != previous_) at::globalContext().setAllowTF32CuBLAS(previous_);
-  }
+#define FUSED_CUBLAS_CHECK(expr)                                                              \
+  do {                                                                                        \
+    const cublasStatus_t fused_status_ = (expr);                                              \
+    TORCH_CHECK(fused_status_ == CUBLAS_STATUS_SUCCESS, "gemm_bn_softmax: ", #expr, " failed: ", \
+                cublasGetStatusString(fused_status_));                                       \
+  } while (0)
 
- private:
-  bool previous_;
-};
+cudaDataType_t cublas_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return CUDA_R_32F;
+    case at::kBFloat16: return CUDA_R_16BF;
+    case at::kHalf: return CUDA_R_16F;
+    default: TORCH_CHECK(false, "gemm_bn_softmax: no cuBLAS type for ", t);
+  }
+}
 
 // y = x W^T + b in fp32 through cuBLAS (the generic path's [1]).
+// The fp32 precision is chosen per call (compute type + math mode on torch's handle for this
+// thread, restored afterwards) instead of flipping torch's process-wide TF32 flag, which another
+// thread's matmul could read in the meantime. The bias goes in as C with beta = 1.
 void external_gemm(const OpArgs& a, const Operands& o, at::Tensor& y) {
   if (a.M() == 0 || a.N() == 0) return;
-  if (a.x.scalar_type() == at::kFloat) {
-    CublasTf32Guard guard(resolve_precision(a) == MatmulPrecision::kTF32);
-    if (o.bias.defined()) {
-      at::addmm_out(y, o.bias, o.x, o.weight.t());
-    } else {
-      at::mm_out(y, o.x, o.weight.t());
-    }
-  } else {
-    at::mm_out(y, o.x, o.weight.t(), at::kFloat);  // bf16/fp16 operands, fp32 output
-    if (o.bias.defined()) y.add_(o.bias);
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  TORCH_CHECK(a.M() <= kMax && a.N() <= kMax && a.K() <= kMax && o.x.stride(0) <= kMax && o.weight.stride(0) <= kMax,
+              "gemm_bn_softmax: the generic path's cuBLAS call takes 32-bit sizes and strides");
+  const bool tf32 = a.x.scalar_type() == at::kFloat && resolve_precision(a) == MatmulPrecision::kTF32;
+  float beta = 0.0f;
+  if (o.bias.defined()) {
+    y.copy_(o.bias.unsqueeze(0).expand({a.M(), a.N()}));  // fp32 C = b, broadcast over rows
+    beta = 1.0f;
   }
+  const float alpha = 1.0f;
+  if (a.K() == 0) {  // cuBLAS needs k >= 1 for a defined product; y = b (or 0)
+    if (!o.bias.defined()) y.zero_();
+    return;
+  }
+  cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();  // current stream, workspace set
+  cublasMath_t previous_math;
+  FUSED_CUBLAS_CHECK(cublasGetMathMode(handle, &previous_math));
+  FUSED_CUBLAS_CHECK(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  // Exact fp32 = COMPUTE_32F under the default math mode, as torch's own fp32 matmul.
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t in_type = cublas_type(a.x.scalar_type());
+  // Column-major view: y^T (N x M, ld N) = W (K x N, ld ldw)^T * x^T (K x M, ld ldx).
+  const cublasStatus_t status = cublasGemmEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.N()), static_cast<int>(a.M()), static_cast<int>(a.K()),
+      &alpha, o.weight.data_ptr(), in_type, static_cast<int>(o.weight.stride(0)), o.x.data_ptr(), in_type,
+      static_cast<int>(o.x.stride(0)), &beta, y.data_ptr<float>(), CUDA_R_32F, static_cast<int>(y.stride(0)), compute,
+      CUBLAS_GEMM_DEFAULT);
+  FUSED_CUBLAS_CHECK(cublasSetMathMode(handle, previous_math));
+  FUSED_CUBLAS_CHECK(status);
 }
 
 }  // namespace

@@ -62,3 +62,20 @@ def test_bench_plan_covers_the_cases():
     assert all(t[6] == ("default", "max-autotune") for t in todo if t[0] == "headline")
     args.quick, args.no_compile = True, True
     assert all(t[6] == () for t in bench_forward.plan(args))
+
+
+def test_resume_skips_exactly_the_measured_cases():
+    import argparse
+
+    import bench_forward
+
+    args = argparse.Namespace(size="1024x8192x8192", quick=True, no_compile=True, modes=["bf16", "tf32"],
+                              cases=["headline", "eval"])
+    todo = bench_forward.plan(args)
+    done = {bench_forward.case_key(r) for r in json.load(open(RESULT))["records"]}
+    left = [t for t in todo if bench_forward.case_key(t) not in done]
+    # that run measured headline + eval in bf16 and tf32: nothing left of this plan
+    assert left == []
+    args.cases = ["headline", "small-k"]
+    left = [t for t in bench_forward.plan(args) if bench_forward.case_key(t) not in done]
+    assert {t[0] for t in left} == {"small-k"} and len(left) == 2

@@ -134,3 +134,79 @@ def test_two_threads_on_their_own_streams():
     assert not errors
     for outs in results.values():
         assert all(torch.equal(o, want) for o in outs)
+
+
+def _large_allocs_and_peak(fn, grad):
+    """(allocations > 1 MiB, peak MiB above the start) of one call; grad=True records autograd."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    before = torch.cuda.memory_stats()["allocation.large_pool.allocated"]
+    with torch.set_grad_enabled(grad):
+        out = fn()
+    torch.cuda.synchronize()
+    allocs = torch.cuda.memory_stats()["allocation.large_pool.allocated"] - before
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    del out
+    return allocs, peak
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fewer_mn_tensors_than_eager(path, dtype):
+    # (M, N) tensors are 4-8 MiB here, the workspace and per-column vectors far below the 1 MiB
+    # large-pool threshold, so large-pool allocations count the (M, N) tensors a call creates.
+    if path == "sm90" and dtype == torch.float32:
+        pytest.skip("exact fp32 runs on the generic path (sm90 is bf16/fp16/tf32)")
+    m, n, k = 2048, 1024, 128
+    ref, ref64, fused = make_models(k, n, dtype, "cuda")
+    x = torch.rand(m, k, device="cuda").to(dtype)
+    op = lambda: _call(fused, x, path)  # noqa: E731
+    with torch.no_grad():
+        op(), ref(x)  # lazy initialisation
+    op_allocs, _ = _large_allocs_and_peak(op, grad=False)
+    eager_allocs, _ = _large_allocs_and_peak(lambda: ref(x), grad=False)
+    assert op_allocs == 2, op_allocs  # y (fp32, kept for the backward) and out
+    assert eager_allocs == 4, eager_allocs  # linear, batch_norm, mul, softmax
+    # In a training step autograd keeps eager's intermediates alive: the op's peak is lower.
+    _, op_peak = _large_allocs_and_peak(op, grad=True)
+    _, eager_peak = _large_allocs_and_peak(lambda: ref(x), grad=True)
+    mn_mib = m * n * torch.finfo(dtype).bits / 8 / 2**20
+    assert op_peak < eager_peak - 0.5 * mn_mib, (op_peak, eager_peak)
+
+
+def test_precision_choice_does_not_leak_into_other_threads():
+    """The generic path sets fp32 precision per call on its thread's cuBLAS handle; a matmul in
+    another thread at the same moment keeps torch's global setting (here: exact fp32)."""
+    import threading
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.rand(512, 1024, device="cuda")
+    b = torch.rand(1024, 512, device="cuda")
+    want = a.double() @ b.double()
+    x = torch.rand(256, 512, device="cuda")
+    w = torch.randn(384, 512, device="cuda") * 0.05
+    stop, errors, worst = threading.Event(), [], [0.0]
+
+    def op_worker():
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                while not stop.is_set():
+                    gbs.gemm_bn_softmax(x, w, None, precision="tf32", path="generic")
+            stream.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=op_worker)
+    thread.start()
+    try:
+        for _ in range(300):
+            got = a @ b
+            worst[0] = max(worst[0], rel_err(got, want))
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert not torch.backends.cuda.matmul.allow_tf32
+    assert worst[0] <= 1e-6, worst[0]  # TF32 would give ~1e-4
