@@ -84,15 +84,21 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                                                momentum=0.1, eps=1e-5, precision=precision, path=path)
 
         impls = {"eager": lambda: ref(xd), "gemm": lambda: F.linear(xd, w, b), "generic": op("generic")}
-        if gbs.dispatch_path(xd, w, b, precision=precision) == "sm90":
+        auto_path = gbs.dispatch_path(xd, w, b, precision=precision)  # what a user of the op gets
+        try:
+            gbs.dispatch_path(xd, w, b, precision=precision, path="sm90")  # raises where sm90 cannot run
             impls["sm90"] = op("sm90")
+        except RuntimeError:
+            pass
         for cmode in compile_modes:
             name = "compile" if cmode == "default" else "compile-max-autotune"
-            compiled = torch.compile(ref, mode=None if cmode == "default" else "max-autotune-no-cudagraphs",
-                                     dynamic=dynamic)
-            impls[name] = (lambda c=compiled: c(xd))
+            impls[name] = compiled_peer(ref, xd, cmode, dynamic)
         for name, fn in impls.items():
             try:
+                if name.startswith("compile"):
+                    # Every case builds a new model: without a reset the recompilations pile up
+                    # until dynamo's recompile limit silently falls back to eager.
+                    torch._dynamo.reset()
                 t0 = time.perf_counter()
                 out = fn()  # first call: compiles the torch.compile peers
                 torch.cuda.synchronize()
@@ -109,6 +115,8 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
             rec = {"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name,
                    "training": training, "ms": med, "ms_min": lo, "ms_max": hi,
                    "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err, **memory}
+            if name in ("generic", "sm90"):
+                rec["auto_path"] = auto_path
             if name.startswith("compile"):
                 rec["compile_s"] = first_s
             if profile and name in ("sm90", "generic"):
@@ -116,6 +124,13 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
             records.append(rec)
     torch.backends.cuda.matmul.allow_tf32 = False
     return records
+
+
+def compiled_peer(model, x, cmode, dynamic):
+    """torch.compile of the reference model; it compiles on its first call (timed as compile_s)."""
+    compiled = torch.compile(model, mode=None if cmode == "default" else "max-autotune-no-cudagraphs",
+                             dynamic=dynamic)
+    return lambda: compiled(x)
 
 
 def measure_memory(fn, grad: bool = False):

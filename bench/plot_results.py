@@ -17,14 +17,24 @@ PEERS = ("eager", "compile", "compile-max-autotune", "gemm")
 
 
 def best_op(records):
-    """The op's record per (case, M, N, K, mode): the faster of its paths (sm90, generic)."""
-    best = {}
+    """The op's record per (case, M, N, K, mode): the path auto dispatch picks (what a user gets);
+    for results without `auto_path` (older JSON), the faster of the two paths."""
+    by_key = defaultdict(dict)
     for r in records:
         if r["impl"] in ("sm90", "generic"):
-            key = (r["case"], r["M"], r["N"], r["K"], r["mode"])
-            if key not in best or r["ms"] < best[key]["ms"]:
-                best[key] = r
+            by_key[(r["case"], r["M"], r["N"], r["K"], r["mode"])][r["impl"]] = r
+    best = {}
+    for key, paths in by_key.items():
+        auto = next((r["auto_path"] for r in paths.values() if r.get("auto_path")), None)
+        best[key] = paths[auto] if auto in paths else min(paths.values(), key=lambda r: r["ms"])
     return best
+
+
+def other_path(records, r):
+    """The op's record on its other path (sm90 <-> generic), or None."""
+    other = "generic" if r["impl"] == "sm90" else "sm90"
+    return next((x for x in records if (x["case"], x["M"], x["N"], x["K"], x["mode"], x["impl"]) ==
+                 (r["case"], r["M"], r["N"], r["K"], r["mode"], other)), None)
 
 
 def peer_ms(records):
@@ -44,19 +54,23 @@ def markdown(data) -> str:
     if data.get("complete") is False:
         head += " (INCOMPLETE run: some cases are missing)"
     lines = [head, "",
-             "| case | M | N | K | mode | op path | op ms | TFLOP/s | vs eager | vs compile | op / GEMM "
-             "| peak MiB, no grad (op / eager) | peak MiB, autograd (op / eager) | rel err (op / eager) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | M | N | K | mode | op path (auto) | op ms | other path ms | TFLOP/s | vs eager | vs compile "
+             "| vs max-autotune | op / GEMM | peak MiB, no grad (op / eager) | peak MiB, autograd (op / eager) "
+             "| rel err (op / eager) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in best.items():
         case, m, n, k, mode = key
-        e, c, g = (peers.get(key + (p,)) for p in ("eager", "compile", "gemm"))
+        e, c, ma, g = (peers.get(key + (p,)) for p in ("eager", "compile", "compile-max-autotune", "gemm"))
+        other = other_path(records, r)
         eager_rec = next((x for x in records if (x["case"], x["M"], x["N"], x["K"], x["mode"], x["impl"]) == key + ("eager",)), {})
         fmt = lambda v, f: (f % v) if v is not None else "-"  # noqa: E731
         peak = f"{fmt(r.get('peak_mib'), '%.0f')} / {fmt(eager_rec.get('peak_mib'), '%.0f')}"
         peak_ag = f"{fmt(r.get('peak_mib_autograd'), '%.0f')} / {fmt(eager_rec.get('peak_mib_autograd'), '%.0f')}"
         err = f"{fmt(r.get('rel_err'), '%.1e')} / {fmt(eager_rec.get('rel_err'), '%.1e')}"
-        lines.append(f"| {case} | {m} | {n} | {k} | {mode} | {r['impl']} | {r['ms']:.4f} | {r['tflops']:.0f} | "
+        lines.append(f"| {case} | {m} | {n} | {k} | {mode} | {r['impl']} | {r['ms']:.4f} | "
+                     f"{fmt(other['ms'] if other else None, '%.4f')} | {r['tflops']:.0f} | "
                      f"{fmt(e / r['ms'] if e else None, '%.2f×')} | {fmt(c / r['ms'] if c else None, '%.2f×')} | "
+                     f"{fmt(ma / r['ms'] if ma else None, '%.2f×')} | "
                      f"{fmt(r['ms'] / g if g else None, '%.3f')} | {peak} | {peak_ag} | {err} |")
     return "\n".join(lines)
 

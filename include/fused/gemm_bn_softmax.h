@@ -81,6 +81,12 @@ bool sm90_compiled();
 // Whether the sm90 path takes this problem (dtype, precision, 16-byte TMA alignment of x, W, y).
 // Does not query the device; the caller checks for compute capability 9.x.
 Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b);
+// Whether the sm90 path is expected to be faster than the generic one on a GPU with
+// `num_sms` multiprocessors (auto dispatch; both are correct). The sm90 GEMM has no split-K:
+// when its 256x128 tiles fill less than half the GPU and each tile's K loop is long, cuBLAS's
+// split-K GEMM plus the separate statistics pass wins (measured on the H200: M = 256,
+// N = K = 8192 is 1.6x faster on the generic path; bench/results/h200-2026-11-29-full.json).
+bool sm90_preferred(const ForwardProblem& p, int num_sms);
 
 // Device workspace for forward(); 256-byte aligned pointer expected. Each region 256-byte aligned:
 //   partials mean + M2   2 * ceil(M / row_tile) * ld floats  (sm90: row_tile 256, ld = round_up(N, 128);

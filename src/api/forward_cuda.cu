@@ -68,6 +68,18 @@ Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
   return Status::Ok();
 }
 
+bool sm90_preferred(const ForwardProblem& p, int num_sms) {
+#if defined(FUSED_WITH_SM90)
+  const int64_t tiles = util::ceil_div(p.M, sm90::kCtaTileM) * util::ceil_div(p.N, sm90::kCtaTileN);
+  // K-loop length per tile in bf16-equivalent steps: the tf32 mainloop moves half the K per stage.
+  const int64_t k_work = p.dtype == ElementType::kFloat32 ? 2 * p.K : p.K;
+  return !(2 * tiles < num_sms && k_work >= 8192);
+#else
+  (void)p, (void)num_sms;
+  return false;
+#endif
+}
+
 std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path) {
   const ColumnStatsPartials g = partials_geometry(p, path);
   std::size_t bytes = 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +

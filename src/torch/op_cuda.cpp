@@ -16,16 +16,17 @@
 namespace fused::torch_op {
 namespace {
 
-// Compute capability major of a device, cached (cudaDeviceGetAttribute does not synchronise).
-int capability_major(int device) {
+// A device attribute, cached per device (cudaDeviceGetAttribute does not synchronise).
+template <cudaDeviceAttr kAttr>
+int device_attribute(int device) {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = unknown
   if (device < 0 || device >= static_cast<int>(cache.size())) return 0;
-  int major = cache[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    cache[device].store(major, std::memory_order_relaxed);
+  int value = cache[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, device));
+    cache[device].store(value, std::memory_order_relaxed);
   }
-  return major;
+  return value;
 }
 
 // The operands as the kernels read them: unit column stride and a row stride >= K, else a
@@ -75,12 +76,16 @@ std::string select(const OpArgs& a, const Operands& o, const Outputs& outs) {
   }
   if (want == "generic") return want;
   std::string why;
-  if (capability_major(a.x.get_device()) != 9) {
+  const int device = a.x.get_device();
+  if (device_attribute<cudaDevAttrComputeCapabilityMajor>(device) != 9) {
     why = "the GPU is not compute capability 9.x (Hopper)";
   } else if (Status s = cuda::sm90_can_implement(problem(a), buffers(o, outs)); !s.ok()) {
     why = s.message;
   }
-  if (why.empty()) return "sm90";
+  if (why.empty()) {
+    const bool faster = cuda::sm90_preferred(problem(a), device_attribute<cudaDevAttrMultiProcessorCount>(device));
+    return (want == "sm90" || faster) ? "sm90" : "generic";
+  }
   TORCH_CHECK(want != "sm90", "path='sm90' was requested but the sm90 kernel cannot run this problem: ", why);
   return "generic";
 }

@@ -162,6 +162,27 @@ def test_dispatch_rules():
     assert gbs.dispatch_path(xb, wb, path="generic") == "generic"
 
 
+@pytest.mark.skipif(not IS_HOPPER, reason="dispatch to sm90 needs a Hopper GPU")
+def test_auto_dispatch_avoids_an_underfilled_sm90_grid():
+    # 256x128 tiles with no split-K: a grid under half the SMs with a long K loop goes to cuBLAS
+    # (split-K) + the statistics pass; forcing sm90 still works. Rule: fused::cuda::sm90_preferred.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert sms >= 2 * 64  # the shapes below assume an H100/H200-sized GPU
+
+    def operands(m, n, k, dtype):
+        return (torch.rand(m, k, device="cuda").to(dtype), (torch.randn(n, k, device="cuda") * 0.02).to(dtype))
+
+    assert gbs.dispatch_path(*operands(256, 8192, 8192, torch.bfloat16)) == "generic"      # 64 tiles, K 8192
+    assert gbs.dispatch_path(*operands(256, 8192, 8192, torch.bfloat16), path="sm90") == "sm90"
+    assert gbs.dispatch_path(*operands(1024, 8192, 8192, torch.bfloat16)) == "sm90"        # 256 tiles
+    assert gbs.dispatch_path(*operands(1024, 2048, 4096, torch.bfloat16)) == "sm90"        # 64 tiles, K 4096
+    assert gbs.dispatch_path(*operands(1024, 2048, 4096, torch.float32), precision="tf32") == "generic"
+    x, w = operands(256, 8192, 8192, torch.bfloat16)
+    want, _ = functional_ref64(x, w)
+    for path in ("sm90", None):
+        assert rel_err(gbs.gemm_bn_softmax(x, w, None, path=path), want) <= TOL[torch.bfloat16]
+
+
 @pytest.mark.skipif(HAS_CUDA and IS_HOPPER, reason="checks non-Hopper behaviour")
 def test_non_hopper_uses_generic():
     x, w = torch.rand(8, 16, device="cuda", dtype=torch.bfloat16), torch.rand(8, 16, device="cuda", dtype=torch.bfloat16)
