@@ -40,7 +40,7 @@ def parse(text: str):
 def short_name(name: str) -> str:
     if "GemmUniversal" in name:
         return "sm90 GEMM + column statistics"
-    m = re.search(r"(finalize_kernel|softmax_rows_\w+|column_partials_\w*kernel)", name)
+    m = re.search(r"(finalize_kernel|softmax_rows_\w+|column_partials_\w*kernel|bias_rows_kernel)", name)
     if m:
         return m.group(1)
     if any(tag in name for tag in ("nvjet", "gemm", "xmma", "cutlass")):
@@ -72,7 +72,7 @@ def summarize(kernels, m: int, n: int, k: int, dtype: str) -> str:
                 nbytes = 2 * tiles * n * 4 + 5 * n * 4               # partials read; a, c, mean, invstd, stats
             elif "column_partials" in sname:
                 nbytes = m * n * 4 + 2 * tiles * n * 4
-            elif "bias broadcast" in sname:
+            elif "bias broadcast" in sname or "bias_rows" in sname:
                 nbytes = m * n * 4 + n * in_bytes
             else:
                 nbytes = 0

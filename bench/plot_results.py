@@ -122,14 +122,15 @@ def plot(data, prefix: str):
                     t["finalize"] += us
                 elif "softmax" in name:
                     t["softmax"] += us
-                elif "GemmUniversal" in name or "gemm" in name.lower() or "nvjet" in name or "column_partials" in name:
-                    t["gemm+stats"] += us
+                elif any(tag in name for tag in ("GemmUniversal", "nvjet", "column_partials", "bias_rows")) \
+                        or "gemm" in name.lower():
+                    t["gemm+stats"] += us  # generic path: bias into y, cuBLAS GEMM, column-partials pass
                 else:
                     t["other"] += us
             g = peers.get((r["case"], r["M"], r["N"], r["K"], r["mode"], "gemm"))
             stages.append((f"{r['mode']} {r['impl']}", t, g * 1e3 if g else None))
     if stages:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        fig, ax = plt.subplots(figsize=(10, 4.5))
         names = ["gemm+stats", "finalize", "softmax", "other"]
         colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
         stages = [s for s in stages if s[2]]  # relative to the bare GEMM of the same precision
@@ -143,7 +144,7 @@ def plot(data, prefix: str):
         ax.set_yticks(range(len(stages)), [s[0] for s in stages])
         ax.set_xlabel("GPU time per call / bare GEMM time (kernels only, launch gaps excluded)")
         ax.set_title(f"{data['device']}: time per stage, headline shape")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, not over them
         fig.tight_layout()
         path = f"{prefix}-stages.png"
         fig.savefig(path, dpi=120)

@@ -102,6 +102,9 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
                void* workspace, std::size_t workspace_size, cudaStream_t stream);
 
 // The architecture-neutral kernels, exposed for tests.
+// y[i, :] = bias (x's element type) for i < M: the C operand the generic path hands cuBLAS.
+Status bias_rows(const void* bias, ElementType dtype, float* y, int64_t ldy, int64_t M, int64_t N,
+                 cudaStream_t stream);
 Status column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnStatsPartials& out,
                        cudaStream_t stream);
 Status finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,

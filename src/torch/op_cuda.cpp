@@ -117,8 +117,10 @@ void external_gemm(const OpArgs& a, const Operands& o, at::Tensor& y) {
               "gemm_bn_softmax: the generic path's cuBLAS call takes 32-bit sizes and strides");
   const bool tf32 = a.x.scalar_type() == at::kFloat && resolve_precision(a) == MatmulPrecision::kTF32;
   float beta = 0.0f;
-  if (o.bias.defined()) {
-    y.copy_(o.bias.unsqueeze(0).expand({a.M(), a.N()}));  // fp32 C = b, broadcast over rows
+  if (o.bias.defined()) {  // fp32 C = b broadcast over the rows
+    throw_on_error(cuda::bias_rows(o.bias.data_ptr(), element_type(a.x.scalar_type()), y.data_ptr<float>(),
+                                   y.stride(0), a.M(), a.N(), c10::cuda::getCurrentCUDAStream().stream()),
+                   "gemm_bn_softmax (CUDA)");
     beta = 1.0f;
   }
   const float alpha = 1.0f;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fused/detail/bn_math.h"
+#include "fused/detail/half_bits.h"
 #include "fused/gemm_bn_softmax.h"
 #include "test_util.h"
 
@@ -78,6 +79,41 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ColumnPartialsGpu,
                                            std::make_tuple(int64_t{129}, int64_t{33}, 3.0),
                                            std::make_tuple(int64_t{1000}, int64_t{70}, 1e3),
                                            std::make_tuple(int64_t{4096}, int64_t{256}, 1.0)));
+
+// (M, N, ldy): vector stores (N % 4 == 0), scalar stores (odd N), padded rows (ldy > N).
+class BiasRowsGpu : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t>> {};
+
+TEST_P(BiasRowsGpu, EveryRowIsTheBiasAndPaddingIsUntouched) {
+  REQUIRE_GPU();
+  const auto [M, N, ldy] = GetParam();
+  std::vector<uint16_t> bias_bits(N);
+  std::vector<float> want(N);
+  for (int64_t n = 0; n < N; ++n) {
+    bias_bits[n] = half_bits::float_to_bf16_bits(0.37f * static_cast<float>(n % 97) - 11.0f);
+    want[n] = half_bits::bf16_bits_to_float(bias_bits[n]);
+  }
+  DeviceBuf<uint16_t> dbias(bias_bits);
+  DeviceBuf<float> dy(M * ldy);  // poisoned with NaN
+  ASSERT_TRUE(cuda::bias_rows(dbias.ptr, ElementType::kBFloat16, dy.ptr, ldy, M, N, nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto y = dy.download();
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t n = 0; n < ldy; ++n) {
+      if (n < N) {
+        ASSERT_EQ(y[r * ldy + n], want[n]) << r << "," << n;
+      } else {
+        ASSERT_TRUE(std::isnan(y[r * ldy + n])) << "padding written at " << r << "," << n;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BiasRowsGpu,
+                         ::testing::Values(std::make_tuple(int64_t{1}, int64_t{4}, int64_t{4}),
+                                           std::make_tuple(int64_t{777}, int64_t{8192}, int64_t{8192}),
+                                           std::make_tuple(int64_t{300}, int64_t{1001}, int64_t{1001}),
+                                           std::make_tuple(int64_t{65}, int64_t{40}, int64_t{52}),
+                                           std::make_tuple(int64_t{3}, int64_t{70000}, int64_t{70000})));
 
 TEST(FinalizeGpu, MatchesCpuBitForBit) {
   REQUIRE_GPU();
