@@ -57,7 +57,7 @@ if [ "$MODE" = "sanitize" ]; then
         --gtest_filter="$filter" >"$OUT/sanitizer-one.log" 2>&1
       rc=$?
       cat "$OUT/sanitizer-one.log" >>"$OUT/ctest.log"
-      echo "$tool $bin rc=$rc: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/sanitizer-one.log" | tr '\n' ' ' | cut -c1-150)"
+      echo "$tool $bin rc=$rc: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitizer-one.log" | tr '\n' ' ' | cut -c1-150)"
       [ $rc -eq 0 ] || status=1
     done
   done
@@ -67,7 +67,7 @@ if [ "$MODE" = "sanitize" ]; then
       || status=1
     echo "$f: $(grep -E 'passed|failed|error' "$OUT/pytest.log" | tail -1)"
   done
-  grep -E "^E  |^FAILED" "$OUT/pytest.log" | head -20
+  [ -f "$OUT/pytest.log" ] && grep -E "^E  |^FAILED" "$OUT/pytest.log" | head -20
   echo "device_check status: $status"
   exit $status
 fi
