@@ -79,3 +79,14 @@ def test_resume_skips_exactly_the_measured_cases():
     args.cases = ["headline", "small-k"]
     left = [t for t in bench_forward.plan(args) if bench_forward.case_key(t) not in done]
     assert {t[0] for t in left} == {"small-k"} and len(left) == 2
+
+
+def test_ncu_summary_of_the_generic_path():
+    report = os.path.join(BENCH, "results", "ncu-h200-2026-11-29-bf16-generic.txt")
+    kernels = ncu_summary.parse(open(report).read())
+    names = [ncu_summary.short_name(k) for k, _ in kernels]
+    assert names == ["bias_rows_kernel", "cuBLAS GEMM", "column_partials_kernel", "finalize_kernel",
+                     "softmax_rows_in_registers"]
+    table = ncu_summary.summarize(kernels, 1024, 8192, 8192, "bf16")
+    gemm_row = next(line for line in table.splitlines() if line.startswith("| cuBLAS GEMM"))
+    assert "TFLOP/s" in gemm_row
