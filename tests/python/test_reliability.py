@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from helpers import make_models, rel_err
+from helpers import functional_ref64, make_models, rel_err
 
 import gemm_bn_softmax as gbs
 
@@ -210,3 +210,20 @@ def test_precision_choice_does_not_leak_into_other_threads():
     assert not errors, errors
     assert not torch.backends.cuda.matmul.allow_tf32
     assert worst[0] <= 1e-6, worst[0]  # TF32 would give ~1e-4
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("path", ["generic", "sm90"])
+def test_runs_on_the_tensors_device_not_the_current_one(path):
+    """x on cuda:1 while cuda:0 is current: the op runs on cuda:1 (its stream, its cuBLAS handle,
+    its SM count for dispatch) and leaves the current device alone."""
+    if path == "sm90" and torch.cuda.get_device_capability(1)[0] != 9:
+        pytest.skip("needs a Hopper GPU as cuda:1")
+    torch.cuda.set_device(0)
+    x = torch.rand(300, 128, device="cuda:1").to(torch.bfloat16)
+    w = (torch.randn(136, 128, device="cuda:1") * 0.05).to(torch.bfloat16)
+    b = torch.randn(136, device="cuda:1").to(torch.bfloat16)
+    out = gbs.gemm_bn_softmax(x, w, b, path=path)
+    assert out.device == x.device and torch.cuda.current_device() == 0
+    want, _ = functional_ref64(x, w, b)
+    assert rel_err(out, want) <= 7e-3
