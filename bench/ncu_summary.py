@@ -45,15 +45,12 @@ def short_name(name: str) -> str:
         return m.group(1)
     if any(tag in name for tag in ("nvjet", "gemm", "xmma", "cutlass")):
         return "cuBLAS GEMM"
-    if "elementwise" in name or "copy" in name.lower():
-        return "bias broadcast into y (copy)"
     m = re.search(r"(\w+_kernel)", name)
     return m.group(1) if m else name[:60]
 
 
 def summarize(kernels, m: int, n: int, k: int, dtype: str) -> str:
-    out_bytes = 4 if dtype == "tf32" else 2
-    in_bytes = 4 if dtype == "tf32" else 2
+    out_bytes = 4 if dtype == "tf32" else 2   # out, bias: the input dtype
     generic = any("column_partials" in name for name, _ in kernels)
     tiles = (m + 127) // 128 if generic else (m + 255) // 256   # partial-statistics row tiles per path
     rows = ["| kernel | duration µs | SM clock GHz | SM throughput % | DRAM throughput % | registers | achieved occupancy % | vs ceiling |",
@@ -72,8 +69,8 @@ def summarize(kernels, m: int, n: int, k: int, dtype: str) -> str:
                 nbytes = 2 * tiles * n * 4 + 5 * n * 4               # partials read; a, c, mean, invstd, stats
             elif "column_partials" in sname:
                 nbytes = m * n * 4 + 2 * tiles * n * 4
-            elif "bias broadcast" in sname or "bias_rows" in sname:
-                nbytes = m * n * 4 + n * in_bytes
+            elif "bias_rows" in sname:
+                nbytes = m * n * 4 + n * out_bytes
             else:
                 nbytes = 0
             tbps = nbytes / (dur_us * 1e-6) / 1e12 if nbytes else float("nan")

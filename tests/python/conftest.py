@@ -6,6 +6,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))  # the bench tools, for the tests that share them
 
 # Unwritten outputs become NaN and fail the comparisons (see allocate_outputs in the binding).
 os.environ.setdefault("GEMM_BN_SOFTMAX_POISON", "1")

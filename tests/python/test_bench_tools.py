@@ -9,7 +9,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "bench")
-sys.path.insert(0, BENCH)
 
 import ncu_summary  # noqa: E402
 import plot_results  # noqa: E402

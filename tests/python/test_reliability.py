@@ -5,6 +5,8 @@ import torch
 from conftest import requires_cuda
 from helpers import functional_ref64, make_models, rel_err
 
+from bench_forward import measure_memory  # the benchmark's own measurement: tests and bench agree
+
 import gemm_bn_softmax as gbs
 
 pytestmark = requires_cuda
@@ -136,21 +138,6 @@ def test_two_threads_on_their_own_streams():
         assert all(torch.equal(o, want) for o in outs)
 
 
-def _large_allocs_and_peak(fn, grad):
-    """(allocations > 1 MiB, peak MiB above the start) of one call; grad=True records autograd."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    before = torch.cuda.memory_stats()["allocation.large_pool.allocated"]
-    with torch.set_grad_enabled(grad):
-        out = fn()
-    torch.cuda.synchronize()
-    allocs = torch.cuda.memory_stats()["allocation.large_pool.allocated"] - before
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    del out
-    return allocs, peak
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fewer_mn_tensors_than_eager(path, dtype):
@@ -164,13 +151,13 @@ def test_fewer_mn_tensors_than_eager(path, dtype):
     op = lambda: _call(fused, x, path)  # noqa: E731
     with torch.no_grad():
         op(), ref(x)  # lazy initialisation
-    op_allocs, _ = _large_allocs_and_peak(op, grad=False)
-    eager_allocs, _ = _large_allocs_and_peak(lambda: ref(x), grad=False)
+    op_allocs = measure_memory(op)["large_allocs"]
+    eager_allocs = measure_memory(lambda: ref(x))["large_allocs"]
     assert op_allocs == 2, op_allocs  # y (fp32, kept for the backward) and out
     assert eager_allocs == 4, eager_allocs  # linear, batch_norm, mul, softmax
     # In a training step autograd keeps eager's intermediates alive: the op's peak is lower.
-    _, op_peak = _large_allocs_and_peak(op, grad=True)
-    _, eager_peak = _large_allocs_and_peak(lambda: ref(x), grad=True)
+    op_peak = measure_memory(op, grad=True)["peak_mib"]
+    eager_peak = measure_memory(lambda: ref(x), grad=True)["peak_mib"]
     mn_mib = m * n * torch.finfo(dtype).bits / 8 / 2**20
     assert op_peak < eager_peak - 0.5 * mn_mib, (op_peak, eager_peak)
 
