@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from . import FusedGemmBNSoftmax, dispatch_path
+from . import FusedGemmBNSoftmax, __version__, dispatch_path
 from .reference import ReferenceModel
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -23,10 +23,50 @@ def _parse_size(text: str):
     try:
         m, n, k = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--size must look like MxNxK (batch x out x in), got {text!r}")
+        raise argparse.ArgumentTypeError(f"must look like MxNxK (batch x out x in), e.g. 1024x8192x8192; got {text!r}")
     if min(m, n, k) < 1:
-        raise argparse.ArgumentTypeError("--size: every dimension must be >= 1")
+        raise argparse.ArgumentTypeError(f"every dimension must be >= 1; got {text!r}")
     return m, n, k
+
+
+def _positive_int(text: str):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    return value
+
+
+def _seed(text: str):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}")
+    if not -2**63 <= value < 2**64:  # torch.manual_seed's range
+        raise argparse.ArgumentTypeError(f"must be in [-2**63, 2**64); got {value}")
+    return value
+
+
+def _free_bytes(device: torch.device):
+    """Memory free for the run on `device`, or None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _bytes_needed(m: int, n: int, k: int, elem: int):
+    """A rough upper bound of this CLI's peak memory: fp32 + fp64 + low-precision copies of W and x,
+    and the float64 reference's (M, N) intermediates."""
+    return n * k * (4 + 4 + 8 + elem) + m * k * (4 + 8 + elem) + m * n * 8 * 5
 
 
 def _time_ms(fn, device: torch.device, iters: int, warmup: int):
@@ -56,9 +96,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                    help="fp32 (exact), tf32 (fp32 inputs, TF32 tensor cores), bf16, fp16; default bf16")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--iters", type=_positive_int, default=30, help="timed calls per implementation (default 30)")
     p.add_argument("--eval", action="store_true", help="eval mode (running statistics) instead of training")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--version", action="version", version=f"gemm_bn_softmax {__version__}")
     args = p.parse_args(argv)
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -66,7 +107,21 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     m, n, k = args.size or ((1024, 8192, 8192) if device.type == "cuda" else (256, 1024, 1024))
+    if m == 1 and not args.eval:
+        p.error(f"--size {m}x{n}x{k}: a batch of 1 in training mode cannot compute batch statistics "
+                "(BatchNorm1d needs M >= 2); pass --eval or use M >= 2")
     dtype = DTYPES[args.dtype]
+    need, free = _bytes_needed(m, n, k, dtype.itemsize), _free_bytes(device)
+    if free is not None and need > free:
+        p.error(f"--size {m}x{n}x{k} needs about {need / 2**30:.1f} GiB on {device.type}, "
+                f"{free / 2**30:.1f} GiB are free; use a smaller --size")
+    try:
+        return _run(args, device, m, n, k, dtype)
+    except torch.OutOfMemoryError:
+        p.error(f"--size {m}x{n}x{k}: out of memory on {device.type}; use a smaller --size")
+
+
+def _run(args, device: torch.device, m: int, n: int, k: int, dtype: torch.dtype) -> int:
     precision = "tf32" if args.dtype == "tf32" else ("highest" if args.dtype == "fp32" else None)
     torch.manual_seed(args.seed)
 
@@ -96,7 +151,10 @@ def main(argv=None) -> int:
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 
-    path = dispatch_path(xd, fused.gemm.weight, fused.gemm.bias, precision=precision)
+    try:
+        path = dispatch_path(xd, fused.gemm.weight, fused.gemm.bias, precision=precision)
+    except ValueError:  # dispatch_path assumes batch statistics, which a batch of 1 (--eval) does not use
+        path = "cpu" if device.type == "cpu" else "unknown for M=1"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     flops = 2.0 * m * n * k
     print(f"device {name} | {args.dtype} | M={m} N={n} K={k} | {'eval' if args.eval else 'training'} | path {path}")
