@@ -1,29 +1,45 @@
-"""Forward benchmark of the fused op against its peers, all timed in one process.
+"""Forward and training-step benchmark of the fused op against its peers, all timed in one process.
 
-For each case and mode: eager PyTorch (the reference model), torch.compile (default and
+Forward cases: eager PyTorch (the reference model), torch.compile (default and
 max-autotune-no-cudagraphs; compile time reported separately), the bare GEMM of the same precision
 (F.linear), and the op on its generic and sm90 paths. CUDA events, warm-up, median/min/max of
 --iters runs, fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
 vs a float64 reference. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
 
 Cases: headline (1024x8192x8192) in fp32 / tf32 / bf16 / fp16; eval mode; an M sweep (256..65536
-at N = K = 8192); an N sweep (512..131072 at M = 1024, K = 4096); a small-K case.
+at N = K = 8192); an N sweep (512..131072 at M = 1024, K = 4096); a small-K case; train.
 
-    python bench/bench_forward.py --quick          # about a minute: a subset, fewer iterations
+The train case times what a user runs to train the block: one step = zero_grad(set_to_none),
+out = model(x), loss = (out * g).sum() with a fixed random g, loss.backward() (x requires grad, as
+for a head inside a network), for FusedGemmBNSoftmax ("fused"), the reference model ("eager") and
+torch.compile of it ("compile", compiled afresh 3 times: "ms" is the median of the three medians).
+Modes: bf16, fp16, tf32, fp32 and autocast-bf16 (fp32 model, forward + loss under
+torch.autocast(bfloat16), backward outside it) at the headline shape; an M sweep (256..16384 at
+N = K = 8192) in bf16 and tf32; "train-step-sgd" adds torch.optim.SGD(momentum=0.9).step() at the
+headline in bf16 and autocast-bf16. Every train record holds the step's peak memory and the errors
+of the output and of every gradient against a float64 step from the same state (grad_err); its
+tflops counts the step's three GEMMs (6·M·N·K). --profile adds the fused step's per-kernel times.
+
+    python bench/bench_forward.py --quick          # a subset, fewer iterations
     python bench/bench_forward.py                  # everything (several minutes)
     python bench/bench_forward.py --cases headline --modes bf16 --profile
+    python bench/bench_forward.py --cases train --modes bf16 autocast-bf16 --profile
     python bench/bench_forward.py --time-budget 400; python bench/bench_forward.py --resume <json>
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import functools
+import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +50,29 @@ import gemm_bn_softmax as gbs  # noqa: E402
 from gemm_bn_softmax.reference import ReferenceModel  # noqa: E402
 
 MODES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CASES = ("headline", "eval", "m-sweep", "n-sweep", "small-k")
+
+
+class TrainMode(NamedTuple):
+    dtype: torch.dtype                 # of the parameters and of x
+    precision: Optional[str]           # FusedGemmBNSoftmax(precision=...)
+    allow_tf32: bool                   # torch.backends.cuda.matmul.allow_tf32, for the eager / compile peers
+    autocast: Optional[torch.dtype]    # forward and loss under torch.autocast("cuda", dtype=autocast)
+
+
+# The forward modes plus AMP; "autocast-bf16" exists only for the train case.
+TRAIN_MODES = {
+    "fp32": TrainMode(torch.float32, "highest", False, None),
+    "tf32": TrainMode(torch.float32, "tf32", True, None),
+    "bf16": TrainMode(torch.bfloat16, None, False, None),
+    "fp16": TrainMode(torch.float16, None, False, None),
+    "autocast-bf16": TrainMode(torch.float32, None, False, torch.bfloat16),
+}
+CASES = ("headline", "eval", "m-sweep", "n-sweep", "small-k", "train")
+# The record cases of the CLI case "train", and how often each compiles its torch.compile peer afresh
+# (compiled-code timings vary from compile to compile; the SGD step only needs one).
+TRAIN_COMPILE_REPEATS = {"train-step": 3, "train-step-sgd": 1}
+TRAIN_CASES = tuple(TRAIN_COMPILE_REPEATS)
+TRAIN_IMPLS = ("fused", "eager", "compile")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -177,7 +215,145 @@ def profile_kernels(fn, iters: int = 20):
     return [{"kernel": k, "calls_per_iter": c / iters, "us": us} for k, c, us in rows]
 
 
+def train_step(model, x, g, autocast_dtype=None, optimizer=None):
+    """One training step of the block as users run it (AMP: forward and loss under autocast,
+    backward outside it); returns the forward output."""
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    amp = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    with amp:
+        out = model(x)
+        loss = (out * g).sum()
+    loss.backward()
+    if optimizer is not None:
+        optimizer.step()
+    return out
+
+
+def fresh_model(make, init_state, dtype, device):
+    """make() with the shared initial state, in dtype: every impl starts from the same parameters and
+    running statistics (a step mutates the latter). Built on the device: no host-side init of W."""
+    with torch.device(device):
+        module = make()
+    module.load_state_dict(init_state)
+    return module.to(dtype)
+
+
+def grads_of(model, x):
+    return {"x": x.grad, "weight": model.gemm.weight.grad, "bias": model.gemm.bias.grad,
+            "gamma": model.bn.weight.grad, "beta": model.bn.bias.grad, "scale": model.scale.grad}
+
+
+def float64_step(init_state, x, g):
+    """Output and gradients of one step of a float64 copy of the reference model: what the impls are checked against."""
+    k, n = x.shape[1], g.shape[1]
+    ref64 = fresh_model(lambda: ReferenceModel(k, n), init_state, torch.float64, x.device)
+    x64 = x.detach().double().requires_grad_()
+    out = train_step(ref64, x64, g.double()).detach()
+    return out, {name: grad.detach() for name, grad in grads_of(ref64, x64).items()}
+
+
+def grad_errors(got, want):
+    """rel error per gradient; the Linear bias's true gradient is ~0 under batch statistics (BN removes any
+    per-column shift), so a relative error means nothing there: its absolute max instead, beside float64's."""
+    errors = {name: rel_err(got[name], want[name]) if got[name] is not None else None
+              for name in ("x", "weight", "gamma", "beta", "scale")}
+    errors["bias_abs"] = got["bias"].abs().max().item() if got["bias"] is not None else None
+    errors["bias_abs_ref64"] = want["bias"].abs().max().item()
+    return errors
+
+
+def measure_train_step(model, x, g, spec, want, iters, sgd=False, profile=False):
+    """Checks one step of model against the float64 step (want), then its peak memory and time.
+
+    Returns (measurements, seconds of the first step: the compile time of a torch.compile peer)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if sgd else None
+    step = functools.partial(train_step, model, x, g, spec.autocast, optimizer)
+    t0 = time.perf_counter()
+    out = step()
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    want_out, want_grads = want
+    rec = {"rel_err": rel_err(out.detach(), want_out), "out_dtype": str(out.dtype).replace("torch.", ""),
+           "grad_err": grad_errors(grads_of(model, x), want_grads)}
+    del out
+    memory = measure_memory(step, grad=True)  # after a first step: grads and optimizer state exist, as in a loop
+    rec["peak_mib"], rec["large_allocs"] = memory["peak_mib"], memory["large_allocs"]
+    rec["ms"], rec["ms_min"], rec["ms_max"] = time_ms(step, iters)
+    if profile:
+        rec["kernels"] = profile_kernels(step)
+    return rec, first_s
+
+
+def free_memory(x):
+    x.grad = None
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def bench_train_case(case, m, n, k, mode, iters, compile_peer=True, profile=False):
+    """Training step of the block: fused, eager and torch.compile, same x, g and initial state."""
+    spec = TRAIN_MODES[mode]
+    sgd = case == "train-step-sgd"
+    torch.backends.cuda.matmul.allow_tf32 = spec.allow_tf32
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        init_state = ReferenceModel(k, n).state_dict()
+    x = torch.rand(m, k, device="cuda").to(spec.dtype).requires_grad_()
+    # The loss's weights in the dtype of the output a user gets (bf16 under bf16 autocast); the float64
+    # reference uses exactly these values.
+    g = torch.randn(m, n, device="cuda", dtype=spec.autocast or spec.dtype)
+    want = float64_step(init_state, x, g)
+    free_memory(x)
+
+    makers = {"fused": lambda: gbs.FusedGemmBNSoftmax(k, n, precision=spec.precision),
+              "eager": lambda: ReferenceModel(k, n)}  # the compile peer compiles an eager model
+
+    def model(impl):
+        return fresh_model(makers[impl], init_state, spec.dtype, "cuda")
+
+    impls = [impl for impl in TRAIN_IMPLS if compile_peer or impl != "compile"]
+    records = []
+    for impl in impls:
+        try:
+            if impl == "compile":
+                repeats = []
+                # Each repeat is a cold compile: dynamo's code dropped, and no kernels or autotuning picks
+                # from inductor's caches (a cache hit would replay the first compile). compile_s is cold too.
+                with torch.compiler.config.patch(force_disable_caches=True):
+                    for _ in range(TRAIN_COMPILE_REPEATS[case]):
+                        torch._dynamo.reset()
+                        compiled = torch.compile(model("eager"))
+                        repeats.append(measure_train_step(compiled, x, g, spec, want, iters, sgd))
+                        del compiled
+                        free_memory(x)
+                torch._dynamo.reset()
+                medians = [r["ms"] for r, _ in repeats]
+                rec = {**repeats[0][0], "ms": statistics.median(medians),
+                       "ms_min": min(r["ms_min"] for r, _ in repeats), "ms_max": max(r["ms_max"] for r, _ in repeats),
+                       "ms_repeats": medians, "ms_range": [min(medians), max(medians)],
+                       "compile_s": repeats[0][1], "compile_s_repeats": [s for _, s in repeats]}
+            else:
+                rec, _ = measure_train_step(model(impl), x, g, spec, want, iters, sgd, profile and impl == "fused")
+        except Exception as exc:  # report, keep benchmarking the others
+            print(f"  {case} {mode} {m}x{n}x{k} {impl}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        finally:
+            free_memory(x)
+        # a step runs three GEMMs of the forward's size: y = x W^T, dx = dy W, dW = dy^T x
+        records.append({"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": impl, "training": True,
+                        "tflops": 6.0 * m * n * k / (rec["ms"] * 1e-3) / 1e12, **rec})
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return records
+
+
 def table(records):
+    forward = [r for r in records if r["case"] not in TRAIN_CASES]
+    train = [r for r in records if r["case"] in TRAIN_CASES]
+    return "\n\n".join(([forward_table(forward)] if forward else []) + ([train_table(train)] if train else []))
+
+
+def forward_table(records):
     lines = [f"{'case':<10}{'mode':<6}{'impl':<22}{'ms':>9}{'TFLOP/s':>9}{'vs gemm':>9}{'vs eager':>9}{'rel err':>10}"]
     base = {(r["case"], r["mode"], r["impl"]): r["ms"] for r in records}
     for r in records:
@@ -189,15 +365,39 @@ def table(records):
     return "\n".join(lines)
 
 
+def train_table(records):
+    """Train records as text; vs eager / vs compile > 1: this impl's step is faster than that peer's."""
+    lines = [f"{'case':<16}{'mode':<15}{'M':>7}  {'impl':<9}{'ms':>9}{'vs eager':>10}{'vs compile':>11}"
+             f"{'peak MiB':>10}{'err x':>10}{'err W':>10}"]
+    base = {(r["case"], r["M"], r["N"], r["K"], r["mode"], r["impl"]): r["ms"] for r in records}
+    for r in records:
+        key = (r["case"], r["M"], r["N"], r["K"], r["mode"])
+        e, c = base.get(key + ("eager",)), base.get(key + ("compile",))
+        errs = r.get("grad_err") or {}
+        err = [f"{errs[name]:.1e}" if errs.get(name) is not None else "-" for name in ("x", "weight")]
+        lines.append(f"{r['case']:<16}{r['mode']:<15}{r['M']:>7}  {r['impl']:<9}{r['ms']:>9.4f}"
+                     f"{e / r['ms'] if e else float('nan'):>10.2f}{c / r['ms'] if c else float('nan'):>11.2f}"
+                     f"{r['peak_mib']:>10.0f}{err[0]:>10}{err[1]:>10}")
+    return "\n".join(lines)
+
+
+def headline_size(a):
+    return tuple(int(v) for v in a.size.split("x"))
+
+
 def plan(a):
-    """(case, M, N, K, mode, training, compile_modes, dynamic) for the chosen cases."""
-    hm, hn, hk = (int(v) for v in a.size.split("x"))
+    """(case, M, N, K, mode, training, compile_modes, dynamic) for the chosen cases.
+
+    Train items carry their record case ("train-step", "train-step-sgd"); their compile_modes is
+    ("default",) or (): whether the torch.compile peer runs."""
+    hm, hn, hk = headline_size(a)
     quick = a.quick
+    modes = [md for md in a.modes if md in MODES]  # the forward cases ignore train-only modes
     compile_modes = () if a.no_compile else (("default",) if quick else ("default", "max-autotune"))
-    sweep_modes = [md for md in a.modes if md in ("bf16", "tf32")] or a.modes[:1]
+    sweep_modes = [md for md in modes if md in ("bf16", "tf32")] or modes[:1]
     out = []
     if "headline" in a.cases:
-        out += [("headline", hm, hn, hk, md, True, compile_modes, False) for md in a.modes]
+        out += [("headline", hm, hn, hk, md, True, compile_modes, False) for md in modes]
     if "eval" in a.cases:
         out += [("eval", hm, hn, hk, md, False, (), False) for md in sweep_modes]
     sweep_compile = () if a.no_compile else ("default",)
@@ -209,7 +409,26 @@ def plan(a):
         out += [("n-sweep", 1024, n, 4096, md, True, sweep_compile, True) for md in sweep_modes for n in ns]
     if "small-k" in a.cases:
         out += [("small-k", 4096, 8192, 64, md, True, sweep_compile, False) for md in sweep_modes]
+    if "train" in a.cases:
+        out += train_plan(a, (hm, hn, hk))
     return out
+
+
+def train_plan(a, headline):
+    """The train case: headline in every train mode, the SGD step, then the M sweep (the case order
+    is the priority order under --time-budget)."""
+    modes = [md for md in a.modes if md in TRAIN_MODES]
+    sweep_modes = [md for md in modes if md in ("bf16", "tf32")] or modes[:1]
+    peer = () if a.no_compile else ("default",)
+    sweep_peer = () if a.no_compile or a.quick else ("default",)
+    ms = (256, 4096) if a.quick else (256, 1024, 4096, 16384)
+    items = [("train-step", *headline, md, True, peer, False) for md in modes]
+    items += [("train-step-sgd", *headline, md, True, peer, False) for md in modes if md in ("bf16", "autocast-bf16")]
+    items += [("train-step", m, 8192, 8192, md, True, sweep_peer, False) for md in sweep_modes for m in ms]
+    unique = {}  # the sweep's M = 1024 is the headline point (same record key): measured once, with its peer
+    for item in items:
+        unique.setdefault(case_key(item), item)
+    return list(unique.values())
 
 
 def gpu_info():
@@ -251,13 +470,16 @@ def write_json(result, path):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    p.add_argument("--modes", nargs="+", choices=list(TRAIN_MODES), default=list(TRAIN_MODES),
+                   help="autocast-bf16 applies to the train case only; the forward cases skip it")
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--size", default="1024x8192x8192", help="MxNxK of the headline case")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--quick", action="store_true", help="a one-minute subset: fewer sizes and iterations")
+    p.add_argument("--train-iters", type=int, default=None, help="timed steps per train impl (default 30, --quick 20)")
+    p.add_argument("--quick", action="store_true", help="a subset: fewer sizes and iterations")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers (slow to compile)")
-    p.add_argument("--profile", action="store_true", help="per-kernel GPU times of the op (torch.profiler)")
+    p.add_argument("--profile", action="store_true",
+                   help="per-kernel GPU times (torch.profiler) of the op and of the fused training step (headline)")
     p.add_argument("--json", default=None, help="output path (default bench/results/<gpu>-<date>.json)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--resume", default=None, metavar="JSON",
@@ -268,11 +490,14 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("bench_forward.py needs a CUDA GPU")
     iters = 30 if a.quick else max(a.iters, 30)
+    train_iters = a.train_iters or (20 if a.quick else 30)
     todo = plan(a)
+    headline = headline_size(a)
     now = dt.datetime.now(dt.timezone.utc)
     path = a.json or a.resume or os.path.join(
         RESULTS, f"{torch.cuda.get_device_name().split()[-1].lower()}-{now:%Y-%m-%d}.json")
     result = new_result(iters, now)
+    result["train_iters"] = train_iters
     if a.resume:  # keep what an earlier, interrupted run of the same plan measured
         with open(a.resume) as f:
             earlier = json.load(f)
@@ -295,8 +520,12 @@ def main():
             break
         if todo_iter is todo:
             print(f"[{i}/{len(todo)}] {case} {mode} {m}x{n}x{k}", flush=True)
-        result["records"] += bench_case(case, m, n, k, mode, iters, cmodes, training,
-                                        a.profile and case == "headline", dynamic)
+        if case in TRAIN_CASES:
+            result["records"] += bench_train_case(case, m, n, k, mode, train_iters, bool(cmodes),
+                                                  a.profile and case == "train-step" and (m, n, k) == headline)
+        else:
+            result["records"] += bench_case(case, m, n, k, mode, iters, cmodes, training,
+                                            a.profile and case == "headline", dynamic)
         result["complete"] = i + 1 == len(todo)
         write_json(result, path)  # after every case: an interrupted run keeps what it measured
         torch.cuda.empty_cache()

@@ -2,6 +2,9 @@
 
     python bench/plot_results.py bench/results/h200-2026-11-29.json      # writes .md and .png beside it
 
+Markdown: the forward cases (op vs peers), then the training steps (fused vs eager vs torch.compile:
+time, peak memory, gradient errors) and, where the run had --profile, the fused step's GPU time per kernel.
+
 Plots: speedup of the op over eager / torch.compile / the bare GEMM against M and against N (one
 line per mode, from the sweep cases), and the time of each stage of the op (GEMM + statistics,
 finalize, softmax) against the bare GEMM (from the per-kernel profile of the headline case).
@@ -11,9 +14,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections import defaultdict
 
+import ncu_summary
+
 PEERS = ("eager", "compile", "compile-max-autotune", "gemm")
+# bench_forward.TRAIN_CASES (not imported from there: that needs the compiled op)
+TRAIN_CASES = ("train-step", "train-step-sgd")
+TRAIN_IMPLS = ("fused", "eager", "compile")
+
+
+def fmt(value, spec):
+    return (spec % value) if value is not None else "-"
+
+
+def is_gemm_kernel(name):
+    return any(tag in name.lower() for tag in ("gemm", "nvjet", "xmma"))
+
+
+def kernel_label(name):
+    """A short name for a profiler kernel name (CUTLASS and ATen kernels have long template names)."""
+    label = ncu_summary.short_name(name)
+    if label == "cuBLAS GEMM":  # keep the kernel's own name: a step runs several GEMMs
+        return f"cuBLAS GEMM {name.replace('void ', '').split('(')[0].split('<')[0][:60]}"
+    functors = re.findall(r"(\w+(?:Functor|_functor|_kernel_cuda))\b", name)
+    if "at::native" in name and functors:  # ATen's elementwise / reduce kernels differ by their functor
+        label = f"{label} ({functors[-1]})"
+    return label.replace("|", "\\|")
 
 
 def best_op(records):
@@ -53,7 +81,15 @@ def markdown(data) -> str:
         head += f"; `python bench/bench_forward.py {data['command']}`"
     if data.get("complete") is False:
         head += " (INCOMPLETE run: some cases are missing)"
-    lines = [head, "",
+    lines = [head]
+    if best:
+        lines += forward_table(records, best, peers)
+    return "\n".join(lines + train_markdown(records))
+
+
+def forward_table(records, best, peers):
+    """Lines of the forward table: the op on the path auto dispatch picks, against its peers."""
+    lines = ["",
              "| case | M | N | K | mode | op path (auto) | op ms | other path ms | TFLOP/s | vs eager | vs compile "
              "| vs max-autotune | op / GEMM | peak MiB, no grad (op / eager) | peak MiB, autograd (op / eager) "
              "| rel err (op / eager) |",
@@ -63,7 +99,6 @@ def markdown(data) -> str:
         e, c, ma, g = (peers.get(key + (p,)) for p in ("eager", "compile", "compile-max-autotune", "gemm"))
         other = other_path(records, r)
         eager_rec = next((x for x in records if (x["case"], x["M"], x["N"], x["K"], x["mode"], x["impl"]) == key + ("eager",)), {})
-        fmt = lambda v, f: (f % v) if v is not None else "-"  # noqa: E731
         peak = f"{fmt(r.get('peak_mib'), '%.0f')} / {fmt(eager_rec.get('peak_mib'), '%.0f')}"
         peak_ag = f"{fmt(r.get('peak_mib_autograd'), '%.0f')} / {fmt(eager_rec.get('peak_mib_autograd'), '%.0f')}"
         err = f"{fmt(r.get('rel_err'), '%.1e')} / {fmt(eager_rec.get('rel_err'), '%.1e')}"
@@ -72,7 +107,60 @@ def markdown(data) -> str:
                      f"{fmt(e / r['ms'] if e else None, '%.2f×')} | {fmt(c / r['ms'] if c else None, '%.2f×')} | "
                      f"{fmt(ma / r['ms'] if ma else None, '%.2f×')} | "
                      f"{fmt(r['ms'] / g if g else None, '%.3f')} | {peak} | {peak_ag} | {err} |")
-    return "\n".join(lines)
+    return lines
+
+
+def train_markdown(records):
+    """Lines of the training-step table, and of the fused step's per-kernel tables (--profile)."""
+    by_key = defaultdict(dict)  # (case, M, N, K, mode) -> {impl: record}
+    for r in records:
+        if r["case"] in TRAIN_CASES:
+            by_key[(r["case"], r["M"], r["N"], r["K"], r["mode"])][r["impl"]] = r
+    if not by_key:
+        return []
+    mode_order = list(dict.fromkeys(key[4] for key in by_key))
+    keys = sorted(by_key, key=lambda key: (TRAIN_CASES.index(key[0]), mode_order.index(key[4]), key[1:4]))
+    lines = ["", "Training step: zero_grad, out = block(x), loss = (out * g).sum(), backward (train-step-sgd: "
+             "+ SGD momentum step); x requires grad. Median ms of the timed steps; compile: median of the "
+             "per-compile medians (range over the compiles). vs: peer ms / fused ms. grad err: "
+             "‖grad − grad₆₄‖/‖grad₆₄‖.", "",
+             "| case | M | N | K | mode | fused ms | eager ms | compile ms (range) | fused vs eager | fused vs compile "
+             "| peak MiB (fused / eager / compile) | grad err x (fused / eager) | grad err W (fused / eager) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in keys:
+        impls = by_key[key]
+        ms = {impl: r["ms"] for impl, r in impls.items()}
+        compile_ms = fmt(ms.get("compile"), "%.3f")
+        if impls.get("compile", {}).get("ms_range"):
+            compile_ms += " ({:.3f}–{:.3f})".format(*impls["compile"]["ms_range"])
+        fused_vs = [fmt(ms[peer] / ms["fused"] if peer in ms and "fused" in ms else None, "%.2f×")
+                    for peer in ("eager", "compile")]
+        peak = " / ".join(fmt(impls.get(impl, {}).get("peak_mib"), "%.0f") for impl in TRAIN_IMPLS)
+        grad_err = {name: " / ".join(fmt((impls.get(impl, {}).get("grad_err") or {}).get(name), "%.1e")
+                                     for impl in ("fused", "eager")) for name in ("x", "weight")}
+        lines.append(f"| {' | '.join(map(str, key))} | {fmt(ms.get('fused'), '%.3f')} | "
+                     f"{fmt(ms.get('eager'), '%.3f')} | {compile_ms} | {fused_vs[0]} | {fused_vs[1]} | {peak} | "
+                     f"{grad_err['x']} | {grad_err['weight']} |")
+    for key in keys:
+        fused = by_key[key].get("fused")
+        if fused and fused.get("kernels"):
+            lines += [""] + kernel_table(fused)
+    return lines
+
+
+def kernel_table(r):
+    """Lines of a per-kernel table of one profiled training step: each kernel, then GEMMs vs the rest."""
+    per_step = [(kern["kernel"], kern["calls_per_iter"], kern["us"] * kern["calls_per_iter"]) for kern in r["kernels"]]
+    total = sum(us for _, _, us in per_step) or float("nan")
+    gemm_us = sum(us for name, _, us in per_step if is_gemm_kernel(name))
+    lines = [f"Fused {r['case']}, {r['mode']}, {r['M']}×{r['N']}×{r['K']}: GPU time per kernel in one step "
+             "(torch.profiler, averaged over the profiled steps; launch gaps excluded).", "",
+             "| kernel | calls per step | µs per step | share |", "|---|---|---|---|"]
+    lines += [f"| {kernel_label(name)} | {calls:g} | {us:.1f} | {us / total:.1%} |" for name, calls, us in per_step]
+    lines += [f"| **all GEMMs** | | {gemm_us:.1f} | {gemm_us / total:.1%} |",
+              f"| **all other kernels** | | {total - gemm_us:.1f} | {(total - gemm_us) / total:.1%} |",
+              f"| **total** | | {total:.1f} | 100% |"]
+    return lines
 
 
 def plot(data, prefix: str):
@@ -122,8 +210,7 @@ def plot(data, prefix: str):
                     t["finalize"] += us
                 elif "softmax" in name:
                     t["softmax"] += us
-                elif any(tag in name for tag in ("GemmUniversal", "nvjet", "column_partials", "bias_rows")) \
-                        or "gemm" in name.lower():
+                elif is_gemm_kernel(name) or any(tag in name for tag in ("column_partials", "bias_rows")):
                     t["gemm+stats"] += us  # generic path: bias into y, cuBLAS GEMM, column-partials pass
                 else:
                     t["other"] += us

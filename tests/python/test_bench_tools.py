@@ -54,7 +54,7 @@ def test_bench_plan_covers_the_cases():
                               cases=list(bench_forward.CASES))
     todo = bench_forward.plan(args)
     cases = {t[0] for t in todo}
-    assert cases == set(bench_forward.CASES)
+    assert cases == set(bench_forward.CASES) - {"train"} | set(bench_forward.TRAIN_CASES)
     assert {t[4] for t in todo if t[0] == "headline"} == {"fp32", "tf32", "bf16", "fp16"}
     assert sorted({t[1] for t in todo if t[0] == "m-sweep"}) == [256, 1024, 4096, 16384, 65536]
     assert sorted({t[2] for t in todo if t[0] == "n-sweep"}) == [512, 2048, 8192, 32768, 131072]
@@ -89,3 +89,158 @@ def test_ncu_summary_of_the_generic_path():
     table = ncu_summary.summarize(kernels, 1024, 8192, 8192, "bf16")
     gemm_row = next(line for line in table.splitlines() if line.startswith("| cuBLAS GEMM"))
     assert "TFLOP/s" in gemm_row
+
+
+def plan_args(**overrides):
+    import argparse
+
+    import bench_forward
+
+    args = dict(size="1024x8192x8192", quick=False, no_compile=False, modes=list(bench_forward.TRAIN_MODES),
+                cases=list(bench_forward.CASES))
+    return argparse.Namespace(**{**args, **overrides})
+
+
+def test_bench_plan_train_cases():
+    import bench_forward
+
+    todo = bench_forward.plan(plan_args())
+    train = [t for t in todo if t[0] in bench_forward.TRAIN_CASES]
+    assert "autocast-bf16" not in {t[4] for t in todo if t[0] not in bench_forward.TRAIN_CASES}
+    headline = [t for t in train if t[0] == "train-step" and t[1:4] == (1024, 8192, 8192)]
+    assert [t[4] for t in headline] == ["fp32", "tf32", "bf16", "fp16", "autocast-bf16"]
+    sgd = [t for t in train if t[0] == "train-step-sgd"]
+    assert {t[4] for t in sgd} == {"bf16", "autocast-bf16"} and all(t[1:4] == (1024, 8192, 8192) for t in sgd)
+    for mode in ("bf16", "tf32"):  # the M sweep, whose M = 1024 is the headline record
+        assert sorted(t[1] for t in train if t[0] == "train-step" and t[4] == mode) == [256, 1024, 4096, 16384]
+    assert {t[4] for t in train if t[0] == "train-step" and t[1] != 1024} == {"bf16", "tf32"}
+    assert all(t[2:4] == (8192, 8192) and t[5] and t[6] == ("default",) for t in train)
+    keys = [bench_forward.case_key(t) for t in todo]
+    assert len(set(keys)) == len(keys)
+
+    quick = bench_forward.plan(plan_args(quick=True, cases=["train"]))
+    sweep = [t for t in quick if t[0] == "train-step" and t[1] != 1024]
+    assert sorted({t[1] for t in sweep}) == [256, 4096] and all(t[6] == () for t in sweep)
+    assert all(t[6] == ("default",) for t in quick if t not in sweep)  # the headline keeps its compile peer
+    assert all(t[6] == () for t in bench_forward.plan(plan_args(no_compile=True, cases=["train"])))
+
+
+def test_forward_cases_skip_train_only_modes():
+    import bench_forward
+
+    todo = bench_forward.plan(plan_args(modes=["autocast-bf16"]))
+    assert {t[0] for t in todo} == set(bench_forward.TRAIN_CASES)
+    assert {t[4] for t in todo} == {"autocast-bf16"}
+    todo = bench_forward.plan(plan_args(modes=["autocast-bf16", "fp16"]))
+    assert {t[4] for t in todo if t[0] == "m-sweep"} == {"fp16"}
+
+
+def test_resume_keys_tell_train_records_apart():
+    import bench_forward
+
+    todo = bench_forward.plan(plan_args(cases=["headline", "train"], modes=["bf16", "autocast-bf16"]))
+    measured = {"case": "train-step", "M": 1024, "N": 8192, "K": 8192, "mode": "bf16", "impl": "fused",
+                "training": True, "ms": 1.0}
+    left = [t for t in todo if bench_forward.case_key(t) != bench_forward.case_key(measured)]
+    assert len(left) == len(todo) - 1
+    assert ("train-step-sgd", 1024, 8192, 8192, "bf16", True) in {bench_forward.case_key(t) for t in left}
+    assert ("headline", 1024, 8192, 8192, "bf16", True) in {bench_forward.case_key(t) for t in left}
+
+
+def train_record(case, mode, impl, ms, m=1024, **extra):
+    return {"case": case, "M": m, "N": 8192, "K": 8192, "mode": mode, "impl": impl, "training": True, "ms": ms,
+            "ms_min": ms * 0.9, "ms_max": ms * 1.1, "tflops": 6 * m * 8192 * 8192 / (ms * 1e-3) / 1e12,
+            "peak_mib": 100.0, "large_allocs": 6, "rel_err": 1e-3, "out_dtype": "bfloat16",
+            "grad_err": {"x": 2e-3, "weight": 3e-3, "gamma": 1e-3, "beta": 1e-3, "scale": 1e-3,
+                         "bias_abs": 1e-6, "bias_abs_ref64": 1e-15}, **extra}
+
+
+TRAIN_RECORDS = [
+    train_record("train-step", "bf16", "fused", 0.60, kernels=[
+        {"kernel": "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute", "calls_per_iter": 1.0,
+         "us": 180.0},
+        {"kernel": "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "calls_per_iter": 2.0, "us": 170.0},
+        {"kernel": "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, "
+                   "float, at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, "
+                   "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >, "
+                   "std::array<char*, 3ul>)", "calls_per_iter": 3.0, "us": 10.0},
+        {"kernel": "fused::cuda::(anonymous namespace)::finalize_kernel(fused::ColumnStatsPartials, long)",
+         "calls_per_iter": 1.0, "us": 6.0}]),
+    train_record("train-step", "bf16", "eager", 0.90),
+    train_record("train-step", "bf16", "compile", 0.62, ms_repeats=[0.60, 0.62, 0.66], ms_range=[0.60, 0.66],
+                 compile_s=12.0, compile_s_repeats=[12.0, 3.0, 3.0]),
+    train_record("train-step", "tf32", "fused", 1.20, m=256),
+    train_record("train-step", "tf32", "eager", 1.80, m=256),
+    train_record("train-step-sgd", "autocast-bf16", "fused", 0.80),
+    train_record("train-step-sgd", "autocast-bf16", "eager", 1.00),
+]
+
+
+def test_markdown_of_train_records(tmp_path):
+    import bench_forward
+
+    assert plot_results.TRAIN_CASES == bench_forward.TRAIN_CASES
+    data = {"device": "NVIDIA H200", "torch": "2.14.1", "cuda": "13.0", "git": "abc1234", "date": "2026-12-01",
+            "command": "--cases train --profile", "complete": True, "records": TRAIN_RECORDS}
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(data))
+    assert plot_results.main([str(path), "--no-plots"]) == 0
+    md = (tmp_path / "train.md").read_text()
+    assert "op path (auto)" not in md  # no forward records: no empty forward table
+    rows = [line for line in md.splitlines() if line.startswith("| train-step")]
+    assert len(rows) == 3
+    headline = next(row for row in rows if "| bf16 |" in row)
+    assert "| 0.600 | 0.900 | 0.620 (0.600–0.660) | 1.50× | 1.03× | 100 / 100 / 100 | 2.0e-03 / 2.0e-03 " \
+           "| 3.0e-03 / 3.0e-03 |" in headline
+    sgd = next(row for row in rows if row.startswith("| train-step-sgd"))
+    assert "| - | 1.25× | - |" in sgd  # no compile peer
+    # the per-kernel table of the profiled fused step: 180 + 340 us of GEMMs, 30 + 6 us of the rest
+    assert "| sm90 GEMM + column statistics | 1 | 180.0 | 32.4% |" in md
+    assert "| cuBLAS GEMM nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT | 2 | 340.0 |" in md
+    assert "| vectorized_elementwise_kernel (MulFunctor) | 3 | 30.0 |" in md
+    assert "| **all GEMMs** | | 520.0 | 93.5% |" in md and "| **total** | | 556.0 | 100% |" in md
+
+    text = bench_forward.table(TRAIN_RECORDS)
+    fused = next(line for line in text.splitlines() if line.startswith("train-step") and " bf16 " in line
+                 and " fused " in line)
+    assert "1.50" in fused and "1.03" in fused
+
+
+def test_forward_markdown_unchanged_by_train_records():
+    data = json.load(open(RESULT))
+    forward_only = plot_results.markdown(data)
+    data["records"] = data["records"] + TRAIN_RECORDS
+    with_train = plot_results.markdown(data)
+    assert with_train.startswith(forward_only + "\n\nTraining step")
+
+
+def test_train_step_and_its_float64_check_on_cpu():
+    """The step and error helpers the train case times (device-agnostic; here on the CPU, tiny shape)."""
+    import torch
+
+    import bench_forward
+    import gemm_bn_softmax as gbs
+    from gemm_bn_softmax.reference import ReferenceModel
+
+    m, n, k = 64, 32, 48
+    init_state = ReferenceModel(k, n).state_dict()
+    x = torch.rand(m, k).requires_grad_()
+    g = torch.randn(m, n)
+    want_out, want_grads = bench_forward.float64_step(init_state, x, g)
+    assert want_out.dtype == torch.float64 and want_grads["x"].shape == (m, k)
+    for make in (lambda: ReferenceModel(k, n), lambda: gbs.FusedGemmBNSoftmax(k, n, precision="highest")):
+        model = bench_forward.fresh_model(make, init_state, torch.float32, "cpu")
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        weight = model.gemm.weight.detach().clone()
+        out = bench_forward.train_step(model, x, g, optimizer=optimizer)
+        assert bench_forward.rel_err(out.detach(), want_out) < 1e-5
+        errors = bench_forward.grad_errors(bench_forward.grads_of(model, x), want_grads)
+        assert all(errors[name] < 1e-4 for name in ("x", "weight", "gamma", "beta", "scale"))
+        assert errors["bias_abs"] < 1e-4 and errors["bias_abs_ref64"] < 1e-10  # ~0 under batch statistics
+        assert not torch.equal(model.gemm.weight, weight)  # the SGD step ran
+        assert int(model.bn.num_batches_tracked) == 1
+    # AMP: forward under autocast, so the eager Linear runs in bf16 (CPU autocast here, CUDA in the bench)
+    model = bench_forward.fresh_model(lambda: ReferenceModel(k, n), init_state, torch.float32, "cpu")
+    bench_forward.train_step(model, x, g.bfloat16(), autocast_dtype=torch.bfloat16)
+    errors = bench_forward.grad_errors(bench_forward.grads_of(model, x), want_grads)
+    assert 1e-4 < errors["weight"] < 5e-2 and x.grad.dtype == torch.float32
