@@ -24,7 +24,8 @@ struct ForwardProblem {
   int64_t M = 0;  // batch
   int64_t N = 0;  // out_features
   int64_t K = 0;  // in_features
-  ElementType dtype = ElementType::kFloat32;
+  ElementType dtype = ElementType::kFloat32;      // of x, W, bias: the GEMM's input type
+  ElementType out_dtype = ElementType::kFloat32;  // of out (autocast asks for fp32 out of a 16-bit GEMM)
   MatmulPrecision precision = MatmulPrecision::kHighest;  // fp32 only
 };
 
@@ -37,7 +38,7 @@ struct ForwardBuffers {
   const void* bias = nullptr;    // (N) dtype, or null
   float* y = nullptr;            // (M, N) fp32, row stride ldy; kept for the backward
   int64_t ldy = 0;
-  void* out = nullptr;           // (M, N) dtype, row stride ldo
+  void* out = nullptr;           // (M, N) out_dtype, row stride ldo
   int64_t ldo = 0;
   float* save_mean = nullptr;    // (N) the mean used (batch or running)
   float* save_invstd = nullptr;  // (N) 1 / sqrt(var + eps)

@@ -19,7 +19,8 @@ typedef struct CUstream_st* cudaStream_t;
 namespace fused {
 
 // Element type of x, W, bias and out. y, the statistics and all BN vectors are fp32.
-enum class ElementType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+// kFloat64 exists for the CPU backward only (gradient checks in float64); no CUDA kernel takes it.
+enum class ElementType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kFloat64 = 3 };
 
 // How fp32 inputs are multiplied. bf16/fp16 always use their native tensor-core MMA.
 enum class MatmulPrecision : int {
@@ -37,6 +38,8 @@ struct Status {
   static Status Ok() { return {}; }
 };
 
-inline std::size_t element_size(ElementType t) { return t == ElementType::kFloat32 ? 4 : 2; }
+inline std::size_t element_size(ElementType t) {
+  return t == ElementType::kFloat64 ? 8 : (t == ElementType::kFloat32 ? 4 : 2);
+}
 
 }  // namespace fused

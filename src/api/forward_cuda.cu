@@ -126,6 +126,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
         case ElementType::kBFloat16: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_bf16(args, cursor, stream)); break;
         case ElementType::kFloat16: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_fp16(args, cursor, stream)); break;
         case ElementType::kFloat32: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_tf32(args, cursor, stream)); break;
+        default: return {StatusCode::kNotSupported, "sm90 GEMM: unsupported dtype"};
       }
 #endif
     } else if (batch_stats) {
@@ -138,7 +139,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
     FUSED_RETURN_IF_ERROR(finalize(partials, p.M, p.N, bn, b.save_invstd, affine, stream));
   }
   util::NvtxRange range("fused::row_softmax");
-  return row_softmax(b.y, b.ldy, p.M, p.N, affine, b.out, b.ldo, p.dtype, stream);
+  return row_softmax(b.y, b.ldy, p.M, p.N, affine, b.out, b.ldo, p.out_dtype, stream);
 }
 
 }  // namespace fused::cuda

@@ -1,6 +1,7 @@
-// Preconditions of the contract (design.md §1), checked once for every path.
+// Preconditions of the forward and backward contracts, checked once for every path.
 #include <cmath>
 
+#include "fused/backward.h"
 #include "fused/gemm_bn_softmax.h"
 
 namespace fused {
@@ -10,6 +11,8 @@ Status invalid(const char* msg) { return {StatusCode::kInvalidArgument, msg}; }
 
 Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn) {
   if (p.M < 0 || p.N < 0 || p.K < 0) return invalid("M, N and K must be non-negative");
+  if (p.dtype == ElementType::kFloat64 || p.out_dtype == ElementType::kFloat64)
+    return {StatusCode::kNotSupported, "the forward takes float32, bfloat16 or float16"};
   if (p.M > 0 && p.K > 0 && (b.x == nullptr || b.ldx < p.K)) return invalid("x: null or row stride < K");
   if (p.N > 0 && p.K > 0 && (b.weight == nullptr || b.ldw < p.K))
     return invalid("weight: null or row stride < K");
@@ -32,6 +35,25 @@ Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNor
   if (bn.uses_batch_stats() && p.M == 1) return invalid("Expected more than 1 value per channel when training");
   if (p.precision == MatmulPrecision::kTF32 && p.dtype != ElementType::kFloat32)
     return invalid("TF32 precision applies to float32 inputs only");
+  return Status::Ok();
+}
+
+Status validate(const BackwardProblem& p, const BackwardBuffers& b) {
+  if (p.M < 0 || p.N < 0) return invalid("backward: M and N must be non-negative");
+  if (p.M > 0 && p.N > 0) {
+    if (b.grad_out == nullptr || b.ldg < p.N) return invalid("backward: grad_out null or row stride < N");
+    if (b.out == nullptr || b.ldo < p.N) return invalid("backward: out null or row stride < N");
+    if (b.y == nullptr || b.ldy < p.N) return invalid("backward: y null or row stride < N");
+    if (b.dy != nullptr && b.lddy < p.N) return invalid("backward: dy row stride < N");
+    if (b.dy_t != nullptr && b.lddy_t < p.M) return invalid("backward: dy_t row stride < M");
+  }
+  if (p.N > 0 && (b.save_mean == nullptr || b.save_invstd == nullptr))
+    return invalid("backward: save_mean and save_invstd are required");
+  if ((b.gamma == nullptr) != (b.beta == nullptr)) return invalid("backward: gamma and beta must be given together");
+  if ((b.grad_gamma != nullptr || b.grad_beta != nullptr) && b.gamma == nullptr)
+    return invalid("backward: gamma/beta gradients asked for without affine parameters");
+  if (b.scale == nullptr || (b.scale_numel != 1 && b.scale_numel != p.N))
+    return invalid("backward: scale must have 1 or N elements");
   return Status::Ok();
 }
 

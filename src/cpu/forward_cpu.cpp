@@ -90,6 +90,8 @@ void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const Column
                    [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = half_bits::float_to_fp16_bits(v); });
       break;
     }
+    case ElementType::kFloat64:  // not an output type of the forward: validate() rejects it
+      break;
   }
 }
 
@@ -123,10 +125,10 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
   std::vector<float> ac(static_cast<size_t>(2 * N));
   const ColumnAffine affine{b.save_mean, ac.data(), ac.data() + N};
   finalize(partials, M, N, bn, b.save_invstd, affine);
-  const int64_t elt = static_cast<int64_t>(element_size(p.dtype));
+  const int64_t elt = static_cast<int64_t>(element_size(p.out_dtype));
   parallel_for(M, std::max<int64_t>(1, 65536 / N), [&](int64_t r0, int64_t r1) {
     row_softmax(b.y + r0 * b.ldy, b.ldy, r1 - r0, N, affine, static_cast<char*>(b.out) + r0 * b.ldo * elt, b.ldo,
-                p.dtype);
+                p.out_dtype);
   });
   return Status::Ok();
 }

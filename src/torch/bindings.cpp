@@ -1,35 +1,56 @@
-// The torch op: schema, and its CPU / CUDA / Meta kernels. Every kernel validates with the same
-// check_args() and allocates with the same allocate_outputs() (op_common.cpp).
+// The torch ops: schemas, and their CPU / CUDA / Meta kernels. Every kernel validates with the
+// same check_args() / check_backward_args() and allocates with the same allocate_outputs() /
+// allocate_grads() (op_common.cpp). Autograd: autograd.cpp; autocast: autocast.cpp.
 #include <torch/library.h>
 
 #include "op_common.h"
+#include "op_schema.h"
 
 namespace fused::torch_op {
 
+Grads gemm_bn_softmax_backward_cpu(const BackwardArgs& a);
 Outputs gemm_bn_softmax_cpu(const OpArgs& a);
 #if defined(FUSED_TORCH_CUDA)
 Outputs gemm_bn_softmax_cuda(const OpArgs& a);
+Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a);
 #endif
 
 namespace {
-
-using OptTensor = std::optional<at::Tensor>;
-using OptString = std::optional<std::string>;
 
 // Schema order -> OpArgs.
 template <Outputs (*Impl)(const OpArgs&)>
 Outputs entry(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, const OptTensor& bn_weight,
               const OptTensor& bn_bias, const OptTensor& running_mean, const OptTensor& running_var,
               const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training,
-              std::optional<double> momentum, double eps, const OptString& precision, const OptString& path) {
+              std::optional<double> momentum, double eps, const OptString& precision, const OptString& path,
+              OptDtype compute_dtype, OptDtype out_dtype) {
   return Impl(OpArgs{x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
-                     training, momentum, eps, precision, path});
+                     training, momentum, eps, precision, path, compute_dtype, out_dtype});
 }
 
-// Shapes and errors only: torch.compile / FakeTensor trace through this.
+// Schema order -> BackwardArgs; absent gradients (undefined tensors) -> None.
+template <Grads (*Impl)(const BackwardArgs&)>
+OptGrads backward_entry(const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& y,
+                        const at::Tensor& save_mean, const at::Tensor& save_invstd, const OptTensor& x,
+                        const OptTensor& weight, const OptTensor& bn_weight, const OptTensor& bn_bias,
+                        const at::Tensor& scale, bool batch_stats, std::array<bool, 6> output_mask,
+                        const OptString& precision, OptDtype linear_grad_dtype) {
+  const Grads g = Impl(BackwardArgs{grad_out, out, y, save_mean, save_invstd, x, weight, bn_weight, bn_bias, scale,
+                                    batch_stats, output_mask, precision, linear_grad_dtype});
+  auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
+  return {opt(std::get<0>(g)), opt(std::get<1>(g)), opt(std::get<2>(g)),
+          opt(std::get<3>(g)), opt(std::get<4>(g)), opt(std::get<5>(g))};
+}
+
+// Shapes and errors only: torch.compile / FakeTensor trace through these.
 Outputs gemm_bn_softmax_meta(const OpArgs& a) {
   check_args(a);
   return allocate_outputs(a);
+}
+
+Grads gemm_bn_softmax_backward_meta(const BackwardArgs& a) {
+  check_backward_args(a);
+  return allocate_grads(a);
 }
 
 template <std::string (*Impl)(const OpArgs&)>
@@ -39,25 +60,33 @@ std::string path_entry(const at::Tensor& x, const at::Tensor& weight, const OptT
   const at::Tensor scale = at::ones({1}, x.options().dtype(at::kFloat));
   // Path selection does not depend on the BN arguments: a training problem with M >= 2 rows.
   return Impl(OpArgs{x, weight, bias, none, none, none, none, none, scale, /*training=*/x.size(0) > 1, 0.1, 1e-5,
-                     precision, path});
-}
-
-std::string cpu_path(const OpArgs& a) {
-  check_args(a);
-  return "cpu";
+                     precision, path, std::nullopt, std::nullopt});
 }
 
 }  // namespace
 }  // namespace fused::torch_op
 
 TORCH_LIBRARY(fused, m) {
-  // Outputs: out (M, N) in x's dtype; save_mean, save_invstd (N) fp32 (the statistics used,
-  // batch or running); y = x W^T + b (M, N) fp32. The last three are what a backward needs.
+  // Outputs: out (M, N) in out_dtype (default: the compute dtype, default x's); save_mean,
+  // save_invstd (N) fp32 (the statistics used, batch or running); y = x W^T + b (M, N) fp32. The
+  // last three are what the backward needs. Differentiable (autograd.cpp); autocast-aware (autocast.cpp).
   m.def(
       "gemm_bn_softmax(Tensor x, Tensor weight, Tensor? bias, Tensor? bn_weight, Tensor? bn_bias, "
       "Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, Tensor scale, "
-      "bool training, float? momentum, float eps, str? precision=None, str? path=None) "
+      "bool training, float? momentum, float eps, str? precision=None, str? path=None, "
+      "ScalarType? compute_dtype=None, ScalarType? out_dtype=None) "
       "-> (Tensor out, Tensor save_mean, Tensor save_invstd, Tensor y)");
+  // The backward, from the forward's outputs: gradients of x, weight, bias, bn_weight, bn_bias and
+  // scale, each computed only when output_mask asks for it (else None). x and weight are the
+  // forward's GEMM operands (compute dtype); the gradients of x, weight and bias come in
+  // linear_grad_dtype (default: the GEMM's dtype). batch_stats: the forward normalised with batch
+  // statistics. precision: of fp32 GEMMs ('highest' exact, 'tf32'...), as the forward's.
+  m.def(
+      "gemm_bn_softmax_backward(Tensor grad_out, Tensor out, Tensor y, Tensor save_mean, Tensor save_invstd, "
+      "Tensor? x, Tensor? weight, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, bool batch_stats, "
+      "bool[6] output_mask, str? precision=None, ScalarType? linear_grad_dtype=None) "
+      "-> (Tensor? grad_x, Tensor? grad_weight, Tensor? grad_bias, Tensor? grad_bn_weight, Tensor? grad_bn_bias, "
+      "Tensor? grad_scale)");
   // Debug query: the path gemm_bn_softmax takes for these operands ("cpu", "sm90", "generic").
   m.def("dispatch_path(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None) -> str");
 }
@@ -65,18 +94,21 @@ TORCH_LIBRARY(fused, m) {
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
   using namespace fused::torch_op;
   m.impl("gemm_bn_softmax", &entry<gemm_bn_softmax_cpu>);
-  m.impl("dispatch_path", &path_entry<cpu_path>);
+  m.impl("gemm_bn_softmax_backward", &backward_entry<gemm_bn_softmax_backward_cpu>);
+  m.impl("dispatch_path", &path_entry<select_cpu_path>);
 }
 
 TORCH_LIBRARY_IMPL(fused, Meta, m) {
   using namespace fused::torch_op;
   m.impl("gemm_bn_softmax", &entry<gemm_bn_softmax_meta>);
+  m.impl("gemm_bn_softmax_backward", &backward_entry<gemm_bn_softmax_backward_meta>);
 }
 
 #if defined(FUSED_TORCH_CUDA)
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   using namespace fused::torch_op;
   m.impl("gemm_bn_softmax", &entry<gemm_bn_softmax_cuda>);
+  m.impl("gemm_bn_softmax_backward", &backward_entry<gemm_bn_softmax_backward_cuda>);
   m.impl("dispatch_path", &path_entry<select_cuda_path>);
 }
 #endif

@@ -16,11 +16,17 @@ void check_vector(const std::optional<at::Tensor>& t, const char* name, const Op
   TORCH_CHECK(t->device() == a.x.device(), name, " is on ", t->device(), " but x is on ", a.x.device());
   TORCH_CHECK(t->dim() == 1 && t->sym_size(0) == a.sym_N(), name, " must have shape [out_features] = [",
               a.sym_N(), "], got ", t->sym_sizes());
-  TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == a.x.scalar_type(), name,
-              " must be float32 or x's dtype (", a.x.scalar_type(), "), got ", t->scalar_type());
+  TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == a.linear_dtype(), name,
+              " must be float32 or the Linear's dtype (", a.linear_dtype(), "), got ", t->scalar_type());
 }
 
 bool defined(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+void check_precision(const std::optional<std::string>& precision) {
+  if (!precision.has_value()) return;
+  TORCH_CHECK(*precision == "highest" || *precision == "tf32" || *precision == "high" || *precision == "medium",
+              "precision must be None, 'highest', 'high', 'medium' or 'tf32', got '", *precision, "'");
+}
 
 }  // namespace
 
@@ -29,6 +35,7 @@ ElementType element_type(at::ScalarType t) {
     case at::kFloat: return ElementType::kFloat32;
     case at::kBFloat16: return ElementType::kBFloat16;
     case at::kHalf: return ElementType::kFloat16;
+    case at::kDouble: return ElementType::kFloat64;  // the CPU backward (gradient checks) only
     default: TORCH_CHECK(false, "unsupported dtype ", t);
   }
 }
@@ -39,8 +46,15 @@ void check_args(const OpArgs& a) {
               a.weight.sym_sizes());
   TORCH_CHECK(is_supported_dtype(a.x.scalar_type()), "x has unsupported dtype ", a.x.scalar_type(),
               "; expected float32, bfloat16 or float16");
-  TORCH_CHECK(a.weight.scalar_type() == a.x.scalar_type(), "weight dtype ", a.weight.scalar_type(),
-              " must match x dtype ", a.x.scalar_type());
+  TORCH_CHECK(!a.compute_dtype || is_supported_dtype(*a.compute_dtype), "compute_dtype must be float32, bfloat16 "
+              "or float16, got ", *a.compute_dtype);
+  TORCH_CHECK(!a.out_dtype || is_supported_dtype(*a.out_dtype), "out_dtype must be float32, bfloat16 or float16, got ",
+              *a.out_dtype);
+  // With an explicit compute dtype every Linear operand is rounded to it, whatever its own dtype.
+  TORCH_CHECK(is_supported_dtype(a.weight.scalar_type()) &&
+                  (a.compute_dtype || a.weight.scalar_type() == a.x.scalar_type()),
+              "weight dtype ", a.weight.scalar_type(), " must match x dtype ", a.x.scalar_type(),
+              " (or pass compute_dtype)");
   TORCH_CHECK(a.weight.device() == a.x.device(), "weight is on ", a.weight.device(), " but x is on ", a.x.device());
   TORCH_CHECK(a.x.sym_size(1) == a.weight.sym_size(1), "x.size(1) = ", a.x.sym_size(1),
               " must equal weight.size(1) = ", a.weight.sym_size(1), " (in_features)");
@@ -48,8 +62,10 @@ void check_args(const OpArgs& a) {
     TORCH_CHECK(a.bias->device() == a.x.device(), "bias is on ", a.bias->device(), " but x is on ", a.x.device());
     TORCH_CHECK(a.bias->dim() == 1 && a.bias->sym_size(0) == a.sym_N(), "bias must have shape [out_features] = [",
                 a.sym_N(), "], got ", a.bias->sym_sizes());
-    TORCH_CHECK(a.bias->scalar_type() == a.x.scalar_type(), "bias dtype ", a.bias->scalar_type(),
-                " must match x dtype ", a.x.scalar_type());
+    TORCH_CHECK(is_supported_dtype(a.bias->scalar_type()) &&
+                    (a.compute_dtype || a.bias->scalar_type() == a.x.scalar_type()),
+                "bias dtype ", a.bias->scalar_type(), " must match x dtype ", a.x.scalar_type(),
+                " (or pass compute_dtype)");
   }
   check_vector(a.bn_weight, "bn_weight", a);
   check_vector(a.bn_bias, "bn_bias", a);
@@ -83,11 +99,7 @@ void check_args(const OpArgs& a) {
   }
   TORCH_CHECK_VALUE(!(a.uses_batch_stats() && a.sym_M() == 1),
                     "Expected more than 1 value per channel when training, got input size [1, ", a.sym_N(), "]");
-  if (a.precision.has_value()) {
-    TORCH_CHECK(*a.precision == "highest" || *a.precision == "tf32" || *a.precision == "high" ||
-                    *a.precision == "medium",
-                "precision must be None, 'highest', 'high', 'medium' or 'tf32', got '", *a.precision, "'");
-  }
+  check_precision(a.precision);
   if (a.path.has_value()) {
     TORCH_CHECK(*a.path == "auto" || *a.path == "sm90" || *a.path == "generic",
                 "path must be None, 'auto', 'sm90' or 'generic', got '", *a.path, "'");
@@ -97,8 +109,8 @@ void check_args(const OpArgs& a) {
 Outputs allocate_outputs(const OpArgs& a) {
   const auto f32 = a.x.options().dtype(at::kFloat);
   const c10::SymInt M = a.sym_M(), N = a.sym_N();
-  Outputs outs{at::empty_symint({M, N}, a.x.options()), at::empty_symint({N}, f32), at::empty_symint({N}, f32),
-               at::empty_symint({M, N}, f32)};
+  Outputs outs{at::empty_symint({M, N}, a.x.options().dtype(a.out_scalar_type())), at::empty_symint({N}, f32),
+               at::empty_symint({N}, f32), at::empty_symint({M, N}, f32)};
   // Test aid: GEMM_BN_SOFTMAX_POISON=1 fills every output with NaN before the kernels run, so
   // an element a kernel forgets to write shows up in the tests.
   if (!a.x.is_meta()) {
@@ -112,10 +124,19 @@ Outputs allocate_outputs(const OpArgs& a) {
   return outs;
 }
 
-MatmulPrecision resolve_precision(const OpArgs& a) {
-  if (a.x.scalar_type() != at::kFloat) return MatmulPrecision::kHighest;  // unused for bf16/fp16
-  if (a.precision.has_value()) return *a.precision == "highest" ? MatmulPrecision::kHighest : MatmulPrecision::kTF32;
+MatmulPrecision resolve_precision(at::ScalarType linear_dtype, const std::optional<std::string>& precision) {
+  if (linear_dtype != at::kFloat) return MatmulPrecision::kHighest;  // unused for bf16/fp16
+  if (precision.has_value()) return *precision == "highest" ? MatmulPrecision::kHighest : MatmulPrecision::kTF32;
   return at::globalContext().allowTF32CuBLAS() ? MatmulPrecision::kTF32 : MatmulPrecision::kHighest;
+}
+
+MatmulPrecision resolve_precision(const OpArgs& a) { return resolve_precision(a.linear_dtype(), a.precision); }
+
+LinearOperands linear_operands(const OpArgs& a) {
+  const at::ScalarType t = a.linear_dtype();
+  LinearOperands o{a.x.to(t), a.weight.to(t), at::Tensor()};
+  if (defined(a.bias)) o.bias = a.bias->to(t);
+  return o;
 }
 
 BatchNormTensors prepare_batchnorm(const OpArgs& a) {
@@ -178,6 +199,154 @@ void throw_on_error(const Status& s, const char* where) {
   if (s.code == StatusCode::kInvalidArgument) TORCH_CHECK_VALUE(false, where, ": ", s.message);
   if (s.code == StatusCode::kNotSupported) TORCH_CHECK_NOT_IMPLEMENTED(false, where, ": ", s.message);
   TORCH_CHECK(false, where, ": ", s.message);
+}
+
+// ---- backward ----------------------------------------------------------------------------
+
+at::ScalarType BackwardArgs::gemm_dtype() const {
+  if (defined(x)) return x->scalar_type();
+  if (defined(weight)) return weight->scalar_type();
+  return y.scalar_type();  // no GEMM runs: only the dtype of grad_bias can depend on it
+}
+
+void check_backward_args(const BackwardArgs& a) {
+  const auto& g = a.grad_out;
+  TORCH_CHECK(g.dim() == 2, "grad_out must be 2-D (batch, out_features), got shape ", g.sym_sizes());
+  TORCH_CHECK(a.out.sym_sizes() == g.sym_sizes() && a.y.sym_sizes() == g.sym_sizes(),
+              "grad_out, out and y must have the same shape, got ", g.sym_sizes(), ", ", a.out.sym_sizes(), " and ",
+              a.y.sym_sizes());
+  TORCH_CHECK(a.out.scalar_type() == g.scalar_type(), "grad_out dtype ", g.scalar_type(), " must match out dtype ",
+              a.out.scalar_type());
+  auto floating = [](at::ScalarType t) { return is_supported_dtype(t) || t == at::kDouble; };
+  TORCH_CHECK(floating(g.scalar_type()), "grad_out has unsupported dtype ", g.scalar_type());
+  TORCH_CHECK(a.y.scalar_type() == at::kFloat || a.y.scalar_type() == at::kDouble,
+              "y must be float32 (float64 for gradient checks on the CPU), got ", a.y.scalar_type());
+  const c10::SymInt N = g.sym_size(1);
+  for (const at::Tensor* t : {&a.save_mean, &a.save_invstd}) {
+    TORCH_CHECK(t->dim() == 1 && t->sym_size(0) == N && t->scalar_type() == a.y.scalar_type(),
+                "save_mean and save_invstd must be [out_features] = [", N, "] of y's dtype, got ", t->sym_sizes(),
+                " ", t->scalar_type());
+  }
+  std::vector<const at::Tensor*> all = {&a.out, &a.y, &a.save_mean, &a.save_invstd, &a.scale};
+  if (defined(a.x)) {
+    TORCH_CHECK(a.x->dim() == 2 && a.x->sym_size(0) == g.sym_size(0), "x must be (batch, in_features) with batch ",
+                g.sym_size(0), ", got ", a.x->sym_sizes());
+    TORCH_CHECK(floating(a.x->scalar_type()), "x has unsupported dtype ", a.x->scalar_type());
+    all.push_back(&*a.x);
+  }
+  if (defined(a.weight)) {
+    TORCH_CHECK(a.weight->dim() == 2 && a.weight->sym_size(0) == N, "weight must be (out_features, in_features) with "
+                "out_features ", N, ", got ", a.weight->sym_sizes());
+    TORCH_CHECK(floating(a.weight->scalar_type()), "weight has unsupported dtype ", a.weight->scalar_type());
+    all.push_back(&*a.weight);
+  }
+  if (defined(a.x) && defined(a.weight)) {
+    TORCH_CHECK(a.x->sym_size(1) == a.weight->sym_size(1), "x.size(1) = ", a.x->sym_size(1),
+                " must equal weight.size(1) = ", a.weight->sym_size(1));
+    TORCH_CHECK(a.x->scalar_type() == a.weight->scalar_type(), "x and weight must have one dtype (the GEMM's), got ",
+                a.x->scalar_type(), " and ", a.weight->scalar_type());
+  }
+  TORCH_CHECK(defined(a.bn_weight) == defined(a.bn_bias), "bn_weight and bn_bias must both be given or both be None");
+  for (const auto* v : {&a.bn_weight, &a.bn_bias}) {
+    if (!defined(*v)) continue;
+    TORCH_CHECK((*v)->dim() == 1 && (*v)->sym_size(0) == N && floating((*v)->scalar_type()),
+                "bn_weight and bn_bias must be floating [out_features] = [", N, "], got ", (*v)->sym_sizes(), " ",
+                (*v)->scalar_type());
+    all.push_back(&**v);
+  }
+  TORCH_CHECK(floating(a.scale.scalar_type()) && (a.scale.sym_numel() == 1 || a.scale.sym_numel() == N),
+              "scale must have 1 or out_features elements, got shape ", a.scale.sym_sizes());
+  for (const at::Tensor* t : all) {
+    TORCH_CHECK(t->device() == g.device(), "every backward input must be on grad_out's device ", g.device(), ", got ",
+                t->device());
+  }
+  const auto& m = a.output_mask;
+  TORCH_CHECK(!m[kGradX] || defined(a.weight), "grad_x needs weight");
+  TORCH_CHECK(!m[kGradWeight] || defined(a.x), "grad_weight needs x");
+  TORCH_CHECK(!(m[kGradBnWeight] || m[kGradBnBias]) || defined(a.bn_weight), "grad_bn_weight / grad_bn_bias need "
+              "bn_weight and bn_bias");
+  TORCH_CHECK(!a.linear_grad_dtype || floating(*a.linear_grad_dtype), "linear_grad_dtype must be floating, got ",
+              *a.linear_grad_dtype);
+  check_precision(a.precision);
+}
+
+Grads allocate_grads(const BackwardArgs& a) {
+  const auto& m = a.output_mask;
+  const auto lin = a.grad_out.options().dtype(a.grad_linear_dtype());
+  const c10::SymInt M = a.grad_out.sym_size(0), N = a.grad_out.sym_size(1);
+  Grads g;
+  if (m[kGradX]) std::get<kGradX>(g) = at::empty_symint({M, a.weight->sym_size(1)}, lin);
+  if (m[kGradWeight]) std::get<kGradWeight>(g) = at::empty_symint({N, a.x->sym_size(1)}, lin);
+  if (m[kGradBias]) std::get<kGradBias>(g) = at::empty_symint({N}, lin);
+  if (m[kGradBnWeight]) std::get<kGradBnWeight>(g) = at::empty_symint({N}, a.bn_weight->options());
+  if (m[kGradBnBias]) std::get<kGradBnBias>(g) = at::empty_symint({N}, a.bn_bias->options());
+  if (m[kGradScale]) std::get<kGradScale>(g) = at::empty_symint(a.scale.sym_sizes(), a.scale.options());
+  return g;
+}
+
+BackwardTensors prepare_backward(const BackwardArgs& a, Grads& grads) {
+  BackwardTensors t;
+  t.grad_out = a.grad_out.contiguous();  // e.g. the expanded ones of out.sum().backward()
+  t.out = a.out.contiguous();
+  t.y = a.y.contiguous();
+  t.save_mean = a.save_mean.contiguous();
+  t.save_invstd = a.save_invstd.contiguous();
+  // BN vectors: as given when gamma and beta share a dtype and are contiguous, else fp32 copies.
+  const bool affine = defined(a.bn_weight);
+  const bool direct = !affine || (a.bn_weight->scalar_type() == a.bn_bias->scalar_type() &&
+                                  a.bn_weight->is_contiguous() && a.bn_bias->is_contiguous());
+  if (affine) {
+    t.gamma = direct ? *a.bn_weight : a.bn_weight->to(at::kFloat).contiguous();
+    t.beta = direct ? *a.bn_bias : a.bn_bias->to(at::kFloat).contiguous();
+  }
+  auto target = [&](int i, const at::Tensor& like) {
+    at::Tensor& out = (i == kGradBnWeight)   ? std::get<kGradBnWeight>(grads)
+                      : (i == kGradBnBias) ? std::get<kGradBnBias>(grads)
+                                           : std::get<kGradScale>(grads);
+    if (!a.output_mask[i]) return at::Tensor();
+    return (out.scalar_type() == like.scalar_type() && out.is_contiguous()) ? out : at::empty_like(like);
+  };
+  t.scale = a.scale.is_contiguous() ? a.scale : a.scale.contiguous();
+  if (affine) {
+    t.grad_gamma = target(kGradBnWeight, t.gamma);
+    t.grad_beta = target(kGradBnBias, t.beta);
+  }
+  t.grad_scale = target(kGradScale, t.scale);
+
+  BackwardProblem& p = t.problem;
+  p.M = a.M();
+  p.N = a.N();
+  p.grad_dtype = element_type(t.grad_out.scalar_type());
+  p.stats_dtype = element_type(t.y.scalar_type());
+  p.batch_stats = a.batch_stats;
+  BackwardBuffers& b = t.buffers;
+  auto ptr = [](const at::Tensor& x) -> void* { return x.defined() ? x.data_ptr() : nullptr; };
+  b.grad_out = ptr(t.grad_out); b.ldg = p.N;
+  b.out = ptr(t.out); b.ldo = p.N;
+  b.y = ptr(t.y); b.ldy = p.N;
+  b.save_mean = ptr(t.save_mean);
+  b.save_invstd = ptr(t.save_invstd);
+  b.gamma = ptr(t.gamma);
+  b.beta = ptr(t.beta);
+  b.param_dtype = affine ? element_type(t.gamma.scalar_type()) : ElementType::kFloat32;
+  b.scale = ptr(t.scale);
+  b.scale_numel = t.scale.numel();
+  b.scale_dtype = element_type(t.scale.scalar_type());
+  b.grad_bias = ptr(std::get<kGradBias>(grads));
+  b.bias_dtype = element_type(a.grad_linear_dtype());
+  b.grad_gamma = ptr(t.grad_gamma);
+  b.grad_beta = ptr(t.grad_beta);
+  b.grad_scale = ptr(t.grad_scale);
+  return t;
+}
+
+void BackwardTensors::commit(Grads& grads) const {
+  auto copy_into = [](at::Tensor& out, const at::Tensor& written) {
+    if (written.defined() && !written.is_same(out)) out.copy_(written);
+  };
+  copy_into(std::get<kGradBnWeight>(grads), grad_gamma);
+  copy_into(std::get<kGradBnBias>(grads), grad_beta);
+  copy_into(std::get<kGradScale>(grads), grad_scale);
 }
 
 }  // namespace fused::torch_op

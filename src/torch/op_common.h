@@ -4,10 +4,12 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <tuple>
 
+#include "fused/backward.h"
 #include "fused/gemm_bn_softmax.h"
 
 namespace fused::torch_op {
@@ -30,6 +32,13 @@ struct OpArgs {
   double eps;
   const std::optional<std::string>& precision;
   const std::optional<std::string>& path;
+  // The Linear part runs in compute_dtype (x, weight, bias rounded to it; None: x's dtype); out has
+  // out_dtype (None: the compute dtype). Autocast sets both, as the eager block would run.
+  std::optional<at::ScalarType> compute_dtype;
+  std::optional<at::ScalarType> out_dtype;
+
+  at::ScalarType linear_dtype() const { return compute_dtype.value_or(x.scalar_type()); }
+  at::ScalarType out_scalar_type() const { return out_dtype.value_or(linear_dtype()); }
 
   // Concrete sizes (CPU / CUDA kernels) and symbolic ones (validation, Meta / dynamic shapes).
   c10::SymInt sym_M() const { return x.sym_size(0); }
@@ -44,13 +53,23 @@ struct OpArgs {
 // Every precondition of the contract, each failure naming the argument. Throws.
 void check_args(const OpArgs& a);
 
-// Allocates (M, N) out in x's dtype, (N) save_mean / save_invstd and (M, N) fp32 y on x's device.
+// Allocates (M, N) out in out_scalar_type(), (N) save_mean / save_invstd and (M, N) fp32 y on x's device.
 Outputs allocate_outputs(const OpArgs& a);
+
+// x, weight and bias in the compute dtype (no copy when they already are).
+struct LinearOperands {
+  at::Tensor x, weight, bias;  // bias undefined when absent
+};
+LinearOperands linear_operands(const OpArgs& a);
 
 ElementType element_type(at::ScalarType t);
 
 // "highest" | "tf32" from the argument, or from torch's float32 matmul settings when None.
 MatmulPrecision resolve_precision(const OpArgs& a);
+MatmulPrecision resolve_precision(at::ScalarType linear_dtype, const std::optional<std::string>& precision);
+
+// The CPU "path": validates, and refuses a forced CUDA path. op_cpu.cpp.
+std::string select_cpu_path(const OpArgs& a);
 
 // The CUDA path the op takes: "sm90" or "generic" (forced by the `path` argument or the
 // GEMM_BN_SOFTMAX_PATH environment variable; forcing an impossible path throws). op_cuda.cpp.
@@ -70,5 +89,49 @@ BatchNormTensors prepare_batchnorm(const OpArgs& a);
 void bump_num_batches_tracked(const OpArgs& a);
 
 void throw_on_error(const Status& s, const char* where);
+
+// ---- backward ----------------------------------------------------------------------------
+// grad_x, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias, grad_scale (undefined when not asked for)
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+enum GradIndex : int { kGradX = 0, kGradWeight, kGradBias, kGradBnWeight, kGradBnBias, kGradScale };
+
+// The backward op's arguments, as its schema names them.
+struct BackwardArgs {
+  const at::Tensor& grad_out;
+  const at::Tensor& out;
+  const at::Tensor& y;
+  const at::Tensor& save_mean;
+  const at::Tensor& save_invstd;
+  const std::optional<at::Tensor>& x;       // as the GEMM read it (compute dtype); needed for grad_weight
+  const std::optional<at::Tensor>& weight;  // likewise; needed for grad_x
+  const std::optional<at::Tensor>& bn_weight;
+  const std::optional<at::Tensor>& bn_bias;
+  const at::Tensor& scale;
+  bool batch_stats;
+  std::array<bool, 6> output_mask;  // in GradIndex order
+  const std::optional<std::string>& precision;
+  std::optional<at::ScalarType> linear_grad_dtype;  // of grad_x, grad_weight, grad_bias
+
+  int64_t M() const { return grad_out.size(0); }
+  int64_t N() const { return grad_out.size(1); }
+  // The backward GEMMs' input dtype: that of the saved x / weight.
+  at::ScalarType gemm_dtype() const;
+  at::ScalarType grad_linear_dtype() const { return linear_grad_dtype.value_or(gemm_dtype()); }
+};
+
+void check_backward_args(const BackwardArgs& a);
+Grads allocate_grads(const BackwardArgs& a);
+
+// The torch-free library's view of the backward, with BN vectors of mixed dtypes or strides read
+// through fp32 copies whose gradients `commit()` copies into the outputs.
+struct BackwardTensors {
+  at::Tensor grad_out, out, y, save_mean, save_invstd, gamma, beta, scale;
+  at::Tensor grad_gamma, grad_beta, grad_scale;  // where the library writes
+  BackwardProblem problem;
+  BackwardBuffers buffers;
+  void commit(Grads& grads) const;
+};
+// Fills everything but the dy buffers.
+BackwardTensors prepare_backward(const BackwardArgs& a, Grads& grads);
 
 }  // namespace fused::torch_op

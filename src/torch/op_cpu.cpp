@@ -1,18 +1,33 @@
-// CPU kernel of fused::gemm_bn_softmax: ATen GEMM for y, then the library's CPU forward
-// (column partials -> finalize -> row softmax), parallelised with at::parallel_for.
+// CPU kernels of fused::gemm_bn_softmax and its backward: ATen GEMMs, and the library's CPU
+// implementation of every other step, parallelised with at::parallel_for.
 #include <ATen/Parallel.h>
 
 #include "op_common.h"
 
 namespace fused::torch_op {
+namespace {
+
+void parallel(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  at::parallel_for(0, n, grain, body);
+}
+
+}  // namespace
+
+std::string select_cpu_path(const OpArgs& a) {
+  check_args(a);
+  TORCH_CHECK(!a.path.has_value() || *a.path == "auto", "path='", *a.path,
+              "' forces a CUDA path, but the inputs are on the CPU");
+  return "cpu";
+}
 
 Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
-  check_args(a);
+  select_cpu_path(a);
   auto [out, save_mean, save_invstd, y] = allocate_outputs(a);
-  // y = x W^T + b in fp32 (bf16/fp16 inputs are upcast: fp32 accumulation, fp32 y).
-  const at::Tensor xf = a.x.to(at::kFloat), wf = a.weight.to(at::kFloat);
-  if (a.bias.has_value() && a.bias->defined()) {
-    at::addmm_out(y, a.bias->to(at::kFloat), xf, wf.t());
+  // y = x W^T + b in fp32 (operands rounded to the compute dtype, then upcast: fp32 accumulation, fp32 y).
+  const LinearOperands lin = linear_operands(a);
+  const at::Tensor xf = lin.x.to(at::kFloat), wf = lin.weight.to(at::kFloat);
+  if (lin.bias.defined()) {
+    at::addmm_out(y, lin.bias.to(at::kFloat), xf, wf.t());
   } else {
     at::mm_out(y, xf, wf.t());
   }
@@ -21,19 +36,38 @@ Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
 
   ForwardProblem p;
   p.M = a.M(); p.N = a.N(); p.K = a.K();
-  p.dtype = element_type(a.x.scalar_type());
+  p.dtype = element_type(a.linear_dtype());
+  p.out_dtype = element_type(a.out_scalar_type());
   ForwardBuffers b;
   b.x = xf.data_ptr(); b.ldx = a.K();  // the GEMM is done: the library reads y only
   b.weight = wf.data_ptr(); b.ldw = a.K();
   b.y = y.data_ptr<float>(); b.ldy = p.N;
   b.out = out.data_ptr(); b.ldo = p.N;
   b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
-  const cpu::ParallelFor pf = [](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
-    at::parallel_for(0, n, grain, body);
-  };
-  throw_on_error(cpu::forward_from_y(p, b, bnt.args(a), pf), "gemm_bn_softmax");
+  throw_on_error(cpu::forward_from_y(p, b, bnt.args(a), parallel), "gemm_bn_softmax");
   bnt.commit(a);
   return {out, save_mean, save_invstd, y};
+}
+
+Grads gemm_bn_softmax_backward_cpu(const BackwardArgs& a) {
+  check_backward_args(a);
+  Grads grads = allocate_grads(a);
+  BackwardTensors t = prepare_backward(a, grads);
+  const auto& m = a.output_mask;
+  // The GEMMs run in fp32 (fp64 for float64 gradient checks), as the CPU forward's.
+  const at::ScalarType gemm = a.gemm_dtype() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor dy;
+  if (m[kGradX] || m[kGradWeight]) {
+    dy = at::empty({a.M(), a.N()}, a.grad_out.options().dtype(gemm));
+    t.buffers.dy = dy.data_ptr();
+    t.buffers.lddy = a.N();
+    t.buffers.dy_dtype = element_type(gemm);
+  }
+  throw_on_error(cpu::backward(t.problem, t.buffers, parallel), "gemm_bn_softmax_backward");
+  t.commit(grads);
+  if (m[kGradX]) std::get<kGradX>(grads).copy_(at::mm(dy, a.weight->to(gemm)));
+  if (m[kGradWeight]) std::get<kGradWeight>(grads).copy_(at::mm(dy.t(), a.x->to(gemm)));
+  return grads;
 }
 
 }  // namespace fused::torch_op

@@ -1,6 +1,7 @@
-// CUDA kernel of fused::gemm_bn_softmax: picks the path (sm90 GEMM with the statistics
-// epilogue, or cuBLAS + the generic column-partials kernel), allocates through the caching
-// allocator (CUDA-graph safe) and launches on the current stream, no host synchronisation.
+// CUDA kernels of fused::gemm_bn_softmax and its backward. The forward picks the path (sm90 GEMM
+// with the statistics epilogue, or cuBLAS + the generic column-partials kernel); the backward runs
+// the library's steps up to dy, then cuBLAS GEMMs in the forward's precision. Both allocate through
+// the caching allocator (CUDA-graph safe) and launch on the current stream, no host synchronisation.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "cublas_gemm.h"
 #include "op_common.h"
 
 namespace fused::torch_op {
@@ -35,25 +37,25 @@ at::Tensor as_row_major(const at::Tensor& t) {
   return (t.stride(1) == 1 && t.stride(0) >= t.size(1) && t.size(1) > 0) ? t : t.contiguous();
 }
 
-struct Operands {
-  at::Tensor x, weight, bias;
-};
-
-Operands operands(const OpArgs& a) {
-  Operands o{as_row_major(a.x), as_row_major(a.weight), at::Tensor()};
-  if (a.bias.has_value() && a.bias->defined()) o.bias = a.bias->contiguous();
+// x, weight, bias in the compute dtype, with the rows the kernels can read.
+LinearOperands operands(const OpArgs& a) {
+  LinearOperands o = linear_operands(a);
+  o.x = as_row_major(o.x);
+  o.weight = as_row_major(o.weight);
+  if (o.bias.defined()) o.bias = o.bias.contiguous();
   return o;
 }
 
 ForwardProblem problem(const OpArgs& a) {
   ForwardProblem p;
   p.M = a.M(); p.N = a.N(); p.K = a.K();
-  p.dtype = element_type(a.x.scalar_type());
+  p.dtype = element_type(a.linear_dtype());
+  p.out_dtype = element_type(a.out_scalar_type());
   p.precision = resolve_precision(a);
   return p;
 }
 
-ForwardBuffers buffers(const Operands& o, const Outputs& outs) {
+ForwardBuffers buffers(const LinearOperands& o, const Outputs& outs) {
   const auto& [out, save_mean, save_invstd, y] = outs;
   ForwardBuffers b;
   b.x = o.x.data_ptr(); b.ldx = std::max<int64_t>(o.x.stride(0), o.x.size(1));
@@ -65,7 +67,7 @@ ForwardBuffers buffers(const Operands& o, const Outputs& outs) {
   return b;
 }
 
-std::string select(const OpArgs& a, const Operands& o, const Outputs& outs) {
+std::string select(const OpArgs& a, const LinearOperands& o, const Outputs& outs) {
   std::string want = a.path.value_or("auto");
   if (want == "auto") {
     if (const char* env = std::getenv("GEMM_BN_SOFTMAX_PATH"); env != nullptr && *env != '\0') {
@@ -90,59 +92,23 @@ std::string select(const OpArgs& a, const Operands& o, const Outputs& outs) {
   return "generic";
 }
 
-#define FUSED_CUBLAS_CHECK(expr)                                                              \
-  do {                                                                                        \
-    const cublasStatus_t fused_status_ = (expr);                                              \
-    TORCH_CHECK(fused_status_ == CUBLAS_STATUS_SUCCESS, "gemm_bn_softmax: ", #expr, " failed: ", \
-                cublasGetStatusString(fused_status_));                                       \
-  } while (0)
-
-cudaDataType_t cublas_type(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return CUDA_R_32F;
-    case at::kBFloat16: return CUDA_R_16BF;
-    case at::kHalf: return CUDA_R_16F;
-    default: TORCH_CHECK(false, "gemm_bn_softmax: no cuBLAS type for ", t);
-  }
-}
-
-// y = x W^T + b in fp32 through cuBLAS (the generic path's [1]).
-// The fp32 precision is chosen per call (compute type + math mode on torch's handle for this
-// thread, restored afterwards) instead of flipping torch's process-wide TF32 flag, which another
-// thread's matmul could read in the meantime. The bias goes in as C with beta = 1.
-void external_gemm(const OpArgs& a, const Operands& o, at::Tensor& y) {
+// y = x W^T + b in fp32 through cuBLAS (the generic path's [1]); the bias goes in as C, beta = 1.
+void external_gemm(const OpArgs& a, const LinearOperands& o, at::Tensor& y) {
   if (a.M() == 0 || a.N() == 0) return;
-  constexpr int64_t kMax = std::numeric_limits<int>::max();
-  TORCH_CHECK(a.M() <= kMax && a.N() <= kMax && a.K() <= kMax && o.x.stride(0) <= kMax && o.weight.stride(0) <= kMax,
-              "gemm_bn_softmax: the generic path's cuBLAS call takes 32-bit sizes and strides");
-  const bool tf32 = a.x.scalar_type() == at::kFloat && resolve_precision(a) == MatmulPrecision::kTF32;
   float beta = 0.0f;
   if (o.bias.defined()) {  // fp32 C = b broadcast over the rows
-    throw_on_error(cuda::bias_rows(o.bias.data_ptr(), element_type(a.x.scalar_type()), y.data_ptr<float>(),
+    throw_on_error(cuda::bias_rows(o.bias.data_ptr(), element_type(o.bias.scalar_type()), y.data_ptr<float>(),
                                    y.stride(0), a.M(), a.N(), c10::cuda::getCurrentCUDAStream().stream()),
                    "gemm_bn_softmax (CUDA)");
     beta = 1.0f;
   }
-  const float alpha = 1.0f;
   if (a.K() == 0) {  // cuBLAS needs k >= 1 for a defined product; y = b (or 0)
     if (!o.bias.defined()) y.zero_();
     return;
   }
-  cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();  // current stream, workspace set
-  cublasMath_t previous_math;
-  FUSED_CUBLAS_CHECK(cublasGetMathMode(handle, &previous_math));
-  FUSED_CUBLAS_CHECK(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  // Exact fp32 = COMPUTE_32F under the default math mode, as torch's own fp32 matmul.
-  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const cudaDataType_t in_type = cublas_type(a.x.scalar_type());
-  // Column-major view: y^T (N x M, ld N) = W (K x N, ld ldw)^T * x^T (K x M, ld ldx).
-  const cublasStatus_t status = cublasGemmEx(
-      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.N()), static_cast<int>(a.M()), static_cast<int>(a.K()),
-      &alpha, o.weight.data_ptr(), in_type, static_cast<int>(o.weight.stride(0)), o.x.data_ptr(), in_type,
-      static_cast<int>(o.x.stride(0)), &beta, y.data_ptr<float>(), CUDA_R_32F, static_cast<int>(y.stride(0)), compute,
-      CUBLAS_GEMM_DEFAULT);
-  FUSED_CUBLAS_CHECK(cublasSetMathMode(handle, previous_math));
-  FUSED_CUBLAS_CHECK(status);
+  gemm_row_major(a.M(), a.N(), a.K(), {o.x.data_ptr(), o.x.stride(0), false},
+                 {o.weight.data_ptr(), o.weight.stride(0), /*transposed=*/true}, o.x.scalar_type(), y.data_ptr(),
+                 y.stride(0), at::kFloat, resolve_precision(a), beta);
 }
 
 }  // namespace
@@ -157,7 +123,7 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   check_args(a);
   c10::cuda::CUDAGuard guard(a.x.device());
   Outputs outs = allocate_outputs(a);
-  const Operands o = operands(a);
+  const LinearOperands o = operands(a);
   const std::string path = select(a, o, outs);
   const cuda::GemmPath gemm_path = path == "sm90" ? cuda::GemmPath::kSm90 : cuda::GemmPath::kExternal;
   if (gemm_path == cuda::GemmPath::kExternal) external_gemm(a, o, std::get<3>(outs));
@@ -172,6 +138,64 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
                  "gemm_bn_softmax (CUDA)");
   bnt.commit(a);
   return outs;
+}
+
+Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
+  check_backward_args(a);
+  c10::cuda::CUDAGuard guard(a.grad_out.device());
+  Grads grads = allocate_grads(a);
+  BackwardTensors t = prepare_backward(a, grads);
+  const auto& m = a.output_mask;
+  const at::ScalarType gemm = a.gemm_dtype();
+  const MatmulPrecision precision = resolve_precision(gemm, a.precision);
+  // TF32 tensor cores take K-major operands only: dW = dy^T x reduces over M, so it reads dy^T
+  // (written by the dy pass) instead of a transposed view of dy (1.8x slower in cuBLAS). dx = dy W
+  // reads dy itself.
+  const bool transposed_dy = m[kGradWeight] && gemm == at::kFloat && precision == MatmulPrecision::kTF32;
+  const auto dy_options = a.grad_out.options().dtype(gemm);
+  at::Tensor dy, dy_t;
+  if (m[kGradX] || (m[kGradWeight] && !transposed_dy)) {
+    dy = at::empty({a.M(), a.N()}, dy_options);
+    t.buffers.dy = dy.data_ptr();
+    t.buffers.lddy = a.N();
+  }
+  if (transposed_dy) {
+    dy_t = at::empty({a.N(), a.M()}, dy_options);
+    t.buffers.dy_t = dy_t.data_ptr();
+    t.buffers.lddy_t = a.M();
+  }
+  t.buffers.dy_dtype = element_type(gemm);
+  const BackwardProblem& p = t.problem;
+  const std::size_t ws_bytes = cuda::backward_workspace_bytes(p);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.grad_out.options().dtype(at::kByte));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.grad_out.get_device()).stream();
+  throw_on_error(cuda::backward(p, t.buffers, workspace.data_ptr(), ws_bytes, stream), "gemm_bn_softmax_backward (CUDA)");
+  t.commit(grads);
+
+  const int64_t M = a.M(), N = a.N();
+  if (m[kGradX]) {  // dx (M, K) = dy (M, N) W (N, K)
+    at::Tensor& dx = std::get<kGradX>(grads);
+    const at::Tensor w = as_row_major(*a.weight);
+    if (N == 0) {
+      dx.zero_();
+    } else {
+      gemm_row_major(M, w.size(1), N, {dy.data_ptr(), N, false}, {w.data_ptr(), w.stride(0), false}, gemm,
+                     dx.data_ptr(), dx.stride(0), dx.scalar_type(), precision);
+    }
+  }
+  if (m[kGradWeight]) {  // dW (N, K) = dy^T (N, M) x (M, K)
+    at::Tensor& dw = std::get<kGradWeight>(grads);
+    const at::Tensor x = as_row_major(*a.x);
+    const GemmOperand dy_transposed = transposed_dy ? GemmOperand{dy_t.data_ptr(), M, false}
+                                                    : GemmOperand{dy.data_ptr(), N, /*transposed=*/true};
+    if (M == 0) {
+      dw.zero_();
+    } else {
+      gemm_row_major(N, x.size(1), M, dy_transposed, {x.data_ptr(), x.stride(0), false}, gemm, dw.data_ptr(),
+                     dw.stride(0), dw.scalar_type(), precision);
+    }
+  }
+  return grads;
 }
 
 }  // namespace fused::torch_op

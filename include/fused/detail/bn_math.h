@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "fused/backward.h"
 #include "fused/batchnorm.h"
 #include "fused/detail/half_bits.h"
 
@@ -82,5 +83,46 @@ FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, int64_t M, const
 
 // The softmax logit of one element: z = a * (y - shift) + c.
 FUSED_HD float bn_logit(float y, float shift, float a, float c) { return fmaf(a, y - shift, c); }
+
+// ---- backward (fused/backward.h) ----
+
+// The softmax backward of one element: dz = out * (g - r), r = sum over the row of g * out.
+FUSED_HD float softmax_grad(float out, float g, float r) { return out * (g - r); }
+
+// The normalised value the forward computed: xhat = (y - mean) * invstd.
+FUSED_HD float bn_xhat(float y, float mean, float invstd) { return (y - mean) * invstd; }
+
+// One column's share of the backward: dy = a * dz + b * xhat + c, and the column's term of a
+// scalar scale's gradient (sum over columns of gamma S2 + beta S1).
+struct ColumnGrad {
+  double a = 0.0, b = 0.0, c = 0.0;
+  double d_scale_term = 0.0;
+};
+
+// Finalizes column `col` from S1 = sum_i dz, S2 = sum_i dz * xhat: stores d_gamma, d_beta, d_bias
+// and (per-column scale) d_scale where the buffers ask for them; returns the dy coefficients.
+FUSED_HD ColumnGrad finalize_column_grad(int64_t col, double s1, double s2, const BackwardProblem& p,
+                                         const BackwardBuffers& b) {
+  using half_bits::load_double;
+  using half_bits::store_double;
+  const double s = load_double(b.scale, b.scale_dtype, b.scale_numel == 1 ? 0 : col);
+  const double gamma = b.gamma != nullptr ? load_double(b.gamma, b.param_dtype, col) : 1.0;
+  const double beta = b.beta != nullptr ? load_double(b.beta, b.param_dtype, col) : 0.0;
+  const double invstd = load_double(b.save_invstd, p.stats_dtype, col);
+  ColumnGrad g;
+  g.d_scale_term = gamma * s2 + beta * s1;
+  g.a = gamma * s * invstd;
+  if (p.batch_stats && p.M > 0) {
+    const double m = static_cast<double>(p.M);
+    g.b = -g.a * s2 / m;
+    g.c = -g.a * s1 / m;
+  }
+  if (b.grad_gamma != nullptr) store_double(b.grad_gamma, b.param_dtype, col, s * s2);
+  if (b.grad_beta != nullptr) store_double(b.grad_beta, b.param_dtype, col, s * s1);
+  // sum_i dy = a S1 + b sum_i xhat + M c, and sum_i xhat = 0 for batch statistics: exactly 0.
+  if (b.grad_bias != nullptr) store_double(b.grad_bias, b.bias_dtype, col, p.batch_stats ? 0.0 : g.a * s1);
+  if (b.grad_scale != nullptr && b.scale_numel != 1) store_double(b.grad_scale, b.scale_dtype, col, g.d_scale_term);
+  return g;
+}
 
 }  // namespace fused::detail

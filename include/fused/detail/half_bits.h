@@ -71,6 +71,7 @@ FUSED_HD float load(const void* p, ElementType t, int64_t i) {
   switch (t) {
     case ElementType::kBFloat16: return bf16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
     case ElementType::kFloat16: return fp16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
+    case ElementType::kFloat64: return static_cast<float>(static_cast<const double*>(p)[i]);
     default: return static_cast<const float*>(p)[i];
   }
 }
@@ -79,7 +80,23 @@ FUSED_HD void store(void* p, ElementType t, int64_t i, float v) {
   switch (t) {
     case ElementType::kBFloat16: static_cast<uint16_t*>(p)[i] = float_to_bf16_bits(v); break;
     case ElementType::kFloat16: static_cast<uint16_t*>(p)[i] = float_to_fp16_bits(v); break;
+    case ElementType::kFloat64: static_cast<double*>(p)[i] = v; break;
     default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// The same in double: exact for every type, so float64 data (CPU gradient checks) keeps its bits.
+// A double rounded to bf16/fp16 goes through float first (two roundings; only results, never
+// float64 inputs, are stored that way).
+FUSED_HD double load_double(const void* p, ElementType t, int64_t i) {
+  return t == ElementType::kFloat64 ? static_cast<const double*>(p)[i] : static_cast<double>(load(p, t, i));
+}
+
+FUSED_HD void store_double(void* p, ElementType t, int64_t i, double v) {
+  if (t == ElementType::kFloat64) {
+    static_cast<double*>(p)[i] = v;
+  } else {
+    store(p, t, i, static_cast<float>(v));
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
+#include "kernels/common/block_reduce.cuh"
 #include "kernels/common/cuda_check.h"
 
 namespace fused::cuda {
@@ -30,27 +31,7 @@ struct OutConvert<__half> {
   __device__ static __half cvt(float v) { return __float2half_rn(v); }
 };
 
-// Block-wide reduction (max or sum) of one float; every thread gets the result.
-template <int kThreads, bool kMax>
-__device__ float block_reduce(float v, float* smem) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? fmaxf(v, other) : v + other;
-  }
-  constexpr int kWarps = kThreads / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // smem may still be read by a previous reduction
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < kWarps ? smem[lane] : (kMax ? -INFINITY : 0.f);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? fmaxf(v, other) : v + other;
-  }
-  return v;
-}
+using util::block_reduce;
 
 // Loads 4 logits starting at column col (col % 4 == 0); columns >= N give -inf.
 template <bool kVec>

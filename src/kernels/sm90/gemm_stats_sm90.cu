@@ -12,6 +12,7 @@ std::size_t gemm_workspace_bytes(ElementType dtype, const GemmStatsArgs& args) {
     case ElementType::kBFloat16: return gemm_workspace_bytes_bf16(args);
     case ElementType::kFloat16: return gemm_workspace_bytes_fp16(args);
     case ElementType::kFloat32: return gemm_workspace_bytes_tf32(args);
+    default: return 0;
   }
   return 0;
 }

@@ -1,0 +1,85 @@
+// Backward of fused Linear -> BatchNorm1d -> scale -> softmax(dim=1): the torch-free public API.
+//
+// From what the forward kept (out, y = x W^T + b, the mean and invstd it normalised with) and
+// g = dL/dout, per column j over the rows i (s = scale, per column or scalar):
+//   xhat = (y - mean) * invstd                 dz = out * (g - r_i),  r_i = sum_n g_in * out_in
+//   S1_j = sum_i dz_ij    S2_j = sum_i dz_ij * xhat_ij
+//   d_beta = s S1   d_gamma = s S2   d_scale = sum_j (gamma S2 + beta S1) (or per column)
+//   dy = A dz + B xhat + C,  A = gamma s invstd, and with batch statistics B = -A S2 / M,
+//        C = -A S1 / M (running statistics: B = C = 0)
+//   d_bias = sum_i dy = 0 exactly with batch statistics (BatchNorm removes any bias), A S1 otherwise
+// then dx = dy W and dW = dy^T x: the caller's GEMMs, in the forward's input precision.
+//
+// Data flow on CUDA, all stream-ordered, deterministic (fixed reduction orders, no atomics on data):
+//   [B1] row pass:        r_i, one CTA per row
+//   [B2] column partials: per row tile, S1 and S2 of each column (the forward's partials layout)
+//   [B3] column finalize: merges the partials in tile order -> the parameter gradients and A, B, C
+//   [B4] dy pass:         dy in the GEMM's input dtype, and/or dy^T (TF32 GEMMs need K-major operands)
+// The CPU implementation follows the same steps in double precision.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fused/gemm_bn_softmax.h"
+
+namespace fused {
+
+struct BackwardProblem {
+  int64_t M = 0;  // batch
+  int64_t N = 0;  // out_features
+  ElementType grad_dtype = ElementType::kFloat32;   // of grad_out and out (the forward's out dtype)
+  ElementType stats_dtype = ElementType::kFloat32;  // of y, save_mean, save_invstd (kFloat64: CPU only)
+  bool batch_stats = true;  // the forward normalised with batch statistics (training, or no running stats)
+};
+
+// Row-major (M, N) matrices with a row stride in elements; every output is optional (null: not wanted).
+struct BackwardBuffers {
+  const void* grad_out = nullptr;  // (M, N) grad_dtype
+  int64_t ldg = 0;
+  const void* out = nullptr;  // (M, N) grad_dtype: the forward's softmax output
+  int64_t ldo = 0;
+  const void* y = nullptr;  // (M, N) stats_dtype: x W^T + b as the forward kept it
+  int64_t ldy = 0;
+  const void* save_mean = nullptr;    // (N) stats_dtype
+  const void* save_invstd = nullptr;  // (N) stats_dtype
+  const void* gamma = nullptr;        // (N) param_dtype, or null (affine=False)
+  const void* beta = nullptr;         // (N) param_dtype, or null
+  ElementType param_dtype = ElementType::kFloat32;
+  const void* scale = nullptr;  // scale_numel (1 or N) elements of scale_dtype
+  int64_t scale_numel = 1;
+  ElementType scale_dtype = ElementType::kFloat32;
+
+  void* dy = nullptr;  // (M, N) dy_dtype, row stride lddy
+  int64_t lddy = 0;
+  void* dy_t = nullptr;  // (N, M) dy_dtype, row stride lddy_t: dy transposed
+  int64_t lddy_t = 0;
+  ElementType dy_dtype = ElementType::kFloat32;
+  void* grad_bias = nullptr;  // (N) bias_dtype
+  ElementType bias_dtype = ElementType::kFloat32;
+  void* grad_gamma = nullptr;  // (N) param_dtype
+  void* grad_beta = nullptr;   // (N) param_dtype
+  void* grad_scale = nullptr;  // scale_numel elements of scale_dtype
+};
+
+// Checks shapes, strides and arguments common to every path.
+Status validate(const BackwardProblem& p, const BackwardBuffers& b);
+
+namespace cpu {
+// The whole backward up to dy on host memory, double-precision math (any stats_dtype, fp64 included).
+Status backward(const BackwardProblem& p, const BackwardBuffers& b, const ParallelFor& parallel_for = serial_for);
+}  // namespace cpu
+
+namespace cuda {
+// Device workspace for backward(), 256-byte aligned pointer expected:
+//   r (M floats), S1 and S2 partials (2 * ceil(M / row_tile) * N floats, row_tile 64..1024 rows),
+//   A, B, C (3 N floats), per-block d_scale sums and a counter (a few KiB).
+// Headline problem (M = 1024, N = 8192): about 1.1 MiB.
+std::size_t backward_workspace_bytes(const BackwardProblem& p);
+// [B1]..[B4], stream-ordered on `stream`, no host synchronisation. stats_dtype must be fp32 and
+// grad_dtype / dy_dtype fp32, bf16 or fp16.
+Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* workspace, std::size_t workspace_size,
+                cudaStream_t stream);
+}  // namespace cuda
+
+}  // namespace fused

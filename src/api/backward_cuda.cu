@@ -1,0 +1,95 @@
+// The CUDA backward up to dy (fused/backward.h): carves the workspace and runs [B1] row pass,
+// [B2] column partials, [B3] column finalize and [B4] dy pass, stream-ordered, no host
+// synchronisation. The GEMMs dx = dy W and dW = dy^T x are the caller's.
+#include "fused/backward.h"
+#include "kernels/backward/backward_kernels.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/nvtx.h"
+
+namespace fused::cuda {
+namespace {
+
+using backward_steps::DyCoefficients;
+using backward_steps::GradPartials;
+
+constexpr std::size_t kAlign = 256;
+std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Byte sizes of the workspace regions, in carving order.
+struct WorkspaceLayout {
+  std::size_t r, partials, coefficients, block_sums, counter;
+  std::size_t total() const { return r + 2 * partials + 3 * coefficients + block_sums + counter; }
+};
+
+GradPartials partials_geometry(const BackwardProblem& p) {
+  GradPartials g;
+  g.row_tile = backward_steps::grad_partials_row_tile(p.M);
+  g.num_row_tiles = util::ceil_div(p.M, g.row_tile);
+  g.ld = p.N;
+  return g;
+}
+
+WorkspaceLayout layout(const BackwardProblem& p) {
+  const GradPartials g = partials_geometry(p);
+  const auto n = static_cast<std::size_t>(p.N);
+  return {align_up(sizeof(float) * static_cast<std::size_t>(p.M)),
+          align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles) * n), align_up(sizeof(float) * n),
+          align_up(sizeof(double) * static_cast<std::size_t>(util::ceil_div(p.N, backward_steps::kFinalizeThreads))),
+          align_up(sizeof(unsigned))};
+}
+
+bool cuda_dtype(ElementType t) {
+  return t == ElementType::kFloat32 || t == ElementType::kBFloat16 || t == ElementType::kFloat16;
+}
+
+}  // namespace
+
+std::size_t backward_workspace_bytes(const BackwardProblem& p) { return layout(p).total(); }
+
+Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* workspace, std::size_t workspace_size,
+                cudaStream_t stream) {
+  FUSED_RETURN_IF_ERROR(validate(p, b));
+  if (p.stats_dtype != ElementType::kFloat32 || !cuda_dtype(p.grad_dtype) ||
+      ((b.dy != nullptr || b.dy_t != nullptr) && !cuda_dtype(b.dy_dtype)))
+    return {StatusCode::kNotSupported, "CUDA backward: y and the statistics must be float32; grad_out and dy "
+                                       "float32, bfloat16 or float16"};
+  const WorkspaceLayout ws = layout(p);
+  if (workspace_size < ws.total() || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
+    return {StatusCode::kInvalidArgument, "CUDA backward: workspace too small or not 256-byte aligned"};
+  if (p.N == 0) return Status::Ok();
+
+  auto* cursor = static_cast<char*>(workspace);
+  auto take = [&](std::size_t bytes) {
+    char* ptr = cursor;
+    cursor += bytes;
+    return ptr;
+  };
+  auto* r = reinterpret_cast<float*>(take(ws.r));
+  GradPartials partials = partials_geometry(p);
+  partials.s1 = reinterpret_cast<float*>(take(ws.partials));
+  partials.s2 = reinterpret_cast<float*>(take(ws.partials));
+  DyCoefficients coef;
+  coef.a = reinterpret_cast<float*>(take(ws.coefficients));
+  coef.b = reinterpret_cast<float*>(take(ws.coefficients));
+  coef.c = reinterpret_cast<float*>(take(ws.coefficients));
+  auto* block_sums = reinterpret_cast<double*>(take(ws.block_sums));
+  auto* counter = reinterpret_cast<unsigned*>(take(ws.counter));
+
+  if (p.M > 0) {
+    util::NvtxRange range("fused::backward_row_pass");
+    FUSED_RETURN_IF_ERROR(backward_steps::row_dot(p, b, r, counter, stream));
+    FUSED_RETURN_IF_ERROR(backward_steps::grad_partials(p, b, r, partials, stream));
+  } else {
+    // No row pass to zero the finalize's counter (and nothing to sum: every gradient is 0).
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream),
+                                            "CUDA backward: cudaMemsetAsync"));
+  }
+  {
+    util::NvtxRange range("fused::backward_column_finalize");
+    FUSED_RETURN_IF_ERROR(backward_steps::column_finalize(p, b, partials, coef, block_sums, counter, stream));
+  }
+  util::NvtxRange range("fused::backward_dy");
+  return backward_steps::dy_pass(p, b, r, coef, stream);
+}
+
+}  // namespace fused::cuda

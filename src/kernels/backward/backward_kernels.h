@@ -1,0 +1,43 @@
+// The backward's CUDA steps [B1]..[B4] (fused/backward.h), launched by src/api/backward_cuda.cu.
+// Torch-free; each function checks its launch and returns a Status.
+#pragma once
+
+#include "fused/backward.h"
+
+namespace fused::cuda::backward_steps {
+
+// Column sums of one row tile each: s1[t * ld + n] = sum over the rows of tile t of dz, s2 of dz * xhat.
+struct GradPartials {
+  float* s1 = nullptr;
+  float* s2 = nullptr;
+  int64_t num_row_tiles = 0;
+  int64_t row_tile = 0;
+  int64_t ld = 0;  // >= N
+};
+
+// dy = a * dz + b * xhat + c, per column.
+struct DyCoefficients {
+  float* a = nullptr;
+  float* b = nullptr;
+  float* c = nullptr;
+};
+
+// Rows per partials tile: enough tiles to fill the GPU, few enough that the finalize stays cheap.
+int64_t grad_partials_row_tile(int64_t M);
+
+// [B1] r[i] = sum_n g[i, n] * out[i, n]; also zeroes `counter` for [B3].
+Status row_dot(const BackwardProblem& p, const BackwardBuffers& b, float* r, unsigned* counter, cudaStream_t stream);
+// [B2] per-row-tile column sums of dz and dz * xhat.
+Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const float* r, const GradPartials& partials,
+                     cudaStream_t stream);
+// [B3] merges the tiles in order, writes the parameter gradients and the dy coefficients. A scalar
+// scale's gradient is summed over column blocks by the last block to finish (block_sums holds
+// ceil(N / 256) doubles; counter must be 0 on entry and is 0 again on exit).
+Status column_finalize(const BackwardProblem& p, const BackwardBuffers& b, const GradPartials& partials,
+                       const DyCoefficients& coef, double* block_sums, unsigned* counter, cudaStream_t stream);
+constexpr int kFinalizeThreads = 256;
+// [B4] dy and/or dy^T.
+Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* r, const DyCoefficients& coef,
+               cudaStream_t stream);
+
+}  // namespace fused::cuda::backward_steps

@@ -1,0 +1,51 @@
+// Autocast kernels of fused::gemm_bn_softmax: under torch.autocast the op does what the eager block
+// (nn.Linear -> nn.BatchNorm1d -> scale -> nn.Softmax(1)) does there, on its fused 16-bit path:
+//   - Linear in the autocast dtype: x, weight, bias rounded to it (compute_dtype);
+//   - BatchNorm parameters, running statistics and scale untouched (fp32 stay fp32);
+//   - out in the dtype eager produces: on CUDA, softmax is on autocast's fp32 list, so fp32; on
+//     the CPU, softmax keeps its input's dtype, which is that of `scale * batch_norm(...)`:
+//     the autocast dtype promoted with scale's (a 1-element fp32 Parameter gives fp32, a 0-dim
+//     tensor, like a Python float, keeps the autocast dtype).
+// An explicit compute_dtype / out_dtype argument is kept as given.
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include "op_schema.h"
+
+namespace fused::torch_op {
+namespace {
+
+const c10::TypedOperatorHandle<ForwardSignature>& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fused::gemm_bn_softmax", "").typed<ForwardSignature>();
+  return op;
+}
+
+at::ScalarType eager_out_dtype(c10::DeviceType device, at::ScalarType linear, const at::Tensor& scale) {
+  if (device == c10::DeviceType::CUDA) return at::kFloat;
+  return at::result_type(scale, at::empty({0}, at::TensorOptions().dtype(linear).device(at::kMeta)));
+}
+
+template <c10::DeviceType kDevice>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemm_bn_softmax_autocast(
+    const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, const OptTensor& bn_weight,
+    const OptTensor& bn_bias, const OptTensor& running_mean, const OptTensor& running_var,
+    const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training, std::optional<double> momentum,
+    double eps, const OptString& precision, const OptString& path, OptDtype compute_dtype, OptDtype out_dtype) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(kDevice));
+  const at::ScalarType linear = compute_dtype.value_or(at::autocast::get_autocast_dtype(kDevice));
+  const at::ScalarType out = out_dtype.value_or(eager_out_dtype(kDevice, linear, scale));
+  return forward_op().call(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
+                           training, momentum, eps, precision, path, linear, out);
+}
+
+}  // namespace
+}  // namespace fused::torch_op
+
+TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
+  m.impl("gemm_bn_softmax", &fused::torch_op::gemm_bn_softmax_autocast<c10::DeviceType::CUDA>);
+}
+
+TORCH_LIBRARY_IMPL(fused, AutocastCPU, m) {
+  m.impl("gemm_bn_softmax", &fused::torch_op::gemm_bn_softmax_autocast<c10::DeviceType::CPU>);
+}

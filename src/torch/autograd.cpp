@@ -1,0 +1,162 @@
+// The Autograd kernel of fused::gemm_bn_softmax: makes the op itself differentiable (eager,
+// torch.compile, C++ callers), its backward being fused::gemm_bn_softmax_backward.
+//
+// Why a C++ Autograd kernel and not torch.library.register_autograd: the forward mutates the
+// running statistics and num_batches_tracked, and register_autograd refuses ops that mutate their
+// arguments. A functional op would need extra kernels to write the statistics back; this kernel
+// keeps the one mutating op (the running statistics are written by the finalize kernel itself,
+// torch.compile functionalizes the op as before), as ATen's batch_norm does.
+//
+// Saved for the backward: out, y, the mean and invstd used, the BN parameters and scale; x (in the
+// compute dtype) only when weight needs a gradient, weight only when x does. The backward of the
+// backward is not implemented: differentiating through it raises (never a silently wrong result).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "op_common.h"
+#include "op_schema.h"
+
+namespace fused::torch_op {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+const c10::TypedOperatorHandle<ForwardSignature>& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fused::gemm_bn_softmax", "").typed<ForwardSignature>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<BackwardSignature>& backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fused::gemm_bn_softmax_backward", "")
+                             .typed<BackwardSignature>();
+  return op;
+}
+
+bool defined(const OptTensor& t) { return t.has_value() && t->defined(); }
+
+// What ADInplaceOrView would do for an ATen op: the mutated buffers' version counters move.
+void bump_mutated_versions(const OptTensor& running_mean, const OptTensor& running_var,
+                           const OptTensor& num_batches_tracked, bool training) {
+  if (!defined(running_mean)) return;
+  if (batch_norm_uses_batch_stats(training, true)) {
+    torch::autograd::impl::bump_version(*running_mean);
+    torch::autograd::impl::bump_version(*running_var);
+  }
+  if (training && defined(num_batches_tracked)) torch::autograd::impl::bump_version(*num_batches_tracked);
+}
+
+// The forward's arguments: 16, the first 9 tensors; the differentiable ones in GradIndex order.
+constexpr int kNumForwardArgs = 16;
+constexpr int kNumTensorArgs = 9;
+constexpr int kArgIndex[6] = {0 /*x*/, 1 /*weight*/, 2 /*bias*/, 3 /*bn_weight*/, 4 /*bn_bias*/, 8 /*scale*/};
+
+class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const OptTensor& bias, const OptTensor& bn_weight, const OptTensor& bn_bias,
+                               const OptTensor& running_mean, const OptTensor& running_var,
+                               const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training,
+                               std::optional<double> momentum, double eps, const OptString& precision,
+                               const OptString& path, std::optional<at::ScalarType> compute_dtype,
+                               std::optional<at::ScalarType> out_dtype) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    // With a compute dtype, round the Linear operands here rather than in the op, so the backward's
+    // GEMMs reuse the copies. (Without one the op checks that the dtypes agree.)
+    const at::ScalarType linear = compute_dtype.value_or(x.scalar_type());
+    const at::Tensor xc = compute_dtype ? x.to(linear) : x;
+    const at::Tensor wc = compute_dtype ? weight.to(linear) : weight;
+    const OptTensor bc = compute_dtype && defined(bias) ? OptTensor(bias->to(linear)) : bias;
+    auto [out, mean, invstd, y] =
+        forward_op().call(xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
+                          training, momentum, eps, precision, path, std::nullopt, out_dtype.value_or(linear));
+    bump_mutated_versions(running_mean, running_var, num_batches_tracked, training);
+    ctx->mark_non_differentiable({mean, invstd, y});
+
+    // Which gradients can be asked for, and the edge index of each differentiable argument
+    // (edges exist for the tensor arguments that are present, in argument order).
+    const OptTensor args[kNumTensorArgs] = {x, weight, bias, bn_weight, bn_bias, running_mean, running_var,
+                                            num_batches_tracked, scale};
+    std::vector<int64_t> edge(6, -1);
+    std::array<bool, 6> wants{};
+    int64_t next_edge = 0;
+    for (int i = 0, k = 0; i < kNumTensorArgs; ++i) {
+      const bool present = defined(args[i]);
+      if (k < 6 && kArgIndex[k] == i) {
+        wants[k] = present && args[i]->requires_grad();
+        edge[k++] = present ? next_edge : -1;
+      }
+      next_edge += present ? 1 : 0;
+    }
+    const bool any = std::find(wants.begin(), wants.end(), true) != wants.end();
+    ctx->save_for_backward({any ? out : at::Tensor(), any ? y : at::Tensor(), any ? mean : at::Tensor(),
+                            any ? invstd : at::Tensor(), wants[kGradWeight] ? xc : at::Tensor(),
+                            wants[kGradX] ? wc : at::Tensor(), any ? bn_weight.value_or(at::Tensor()) : at::Tensor(),
+                            any ? bn_bias.value_or(at::Tensor()) : at::Tensor(), any ? scale : at::Tensor()});
+    int64_t wants_bits = 0;
+    for (int k = 0; k < 6; ++k) wants_bits |= static_cast<int64_t>(wants[k]) << k;
+    ctx->saved_data["wants"] = wants_bits;
+    ctx->saved_data["edge"] = c10::List<int64_t>(edge);
+    ctx->saved_data["batch_stats"] = batch_norm_uses_batch_stats(training, defined(running_mean));
+    // The backward GEMMs run in the forward's precision, resolved now (a later flag change does not count).
+    ctx->saved_data["precision"] =
+        std::string(resolve_precision(linear, precision) == MatmulPrecision::kTF32 ? "tf32" : "highest");
+    // Gradients of x, weight and bias come back in the parameter's own dtype (fp32 master weights
+    // under autocast): the GEMMs write them directly, no bf16 round trip.
+    ctx->saved_data["linear_grad_dtype"] = weight.scalar_type();
+    return {out, mean, invstd, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    variable_list grads(kNumForwardArgs);
+    const at::Tensor& grad_out = grad_outputs[0];
+    if (!grad_out.defined()) return grads;
+    const int64_t wants = ctx->saved_data["wants"].toInt();
+    const auto edge = ctx->saved_data["edge"].toIntList();
+    std::array<bool, 6> mask{};
+    for (int k = 0; k < 6; ++k) mask[k] = ((wants >> k) & 1) && ctx->needs_input_grad(static_cast<size_t>(edge[k]));
+    if (std::find(mask.begin(), mask.end(), true) == mask.end()) return grads;
+    const variable_list saved = ctx->get_saved_variables();
+    auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
+    const OptString precision = ctx->saved_data["precision"].toStringRef();
+    auto result = backward_op().call(grad_out, saved[0], saved[1], saved[2], saved[3], opt(saved[4]), opt(saved[5]),
+                                     opt(saved[6]), opt(saved[7]), saved[8], ctx->saved_data["batch_stats"].toBool(),
+                                     mask, precision, ctx->saved_data["linear_grad_dtype"].toScalarType());
+    auto take = [&](int k, const OptTensor& g) { grads[kArgIndex[k]] = g.value_or(at::Tensor()); };
+    take(kGradX, std::get<kGradX>(result));
+    take(kGradWeight, std::get<kGradWeight>(result));
+    take(kGradBias, std::get<kGradBias>(result));
+    take(kGradBnWeight, std::get<kGradBnWeight>(result));
+    take(kGradBnBias, std::get<kGradBnBias>(result));
+    take(kGradScale, std::get<kGradScale>(result));
+    return grads;
+  }
+};
+
+Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                                 const OptTensor& bn_weight, const OptTensor& bn_bias, const OptTensor& running_mean,
+                                 const OptTensor& running_var, const OptTensor& num_batches_tracked,
+                                 const at::Tensor& scale, bool training, std::optional<double> momentum, double eps,
+                                 const OptString& precision, const OptString& path,
+                                 std::optional<at::ScalarType> compute_dtype,
+                                 std::optional<at::ScalarType> out_dtype) {
+  const variable_list outs = GemmBnSoftmaxFunction::apply(x, weight, bias, bn_weight, bn_bias, running_mean,
+                                                          running_var, num_batches_tracked, scale, training, momentum,
+                                                          eps, precision, path, compute_dtype, out_dtype);
+  return {outs[0], outs[1], outs[2], outs[3]};
+}
+
+}  // namespace
+}  // namespace fused::torch_op
+
+TORCH_LIBRARY_IMPL(fused, Autograd, m) {
+  m.impl("gemm_bn_softmax", &fused::torch_op::gemm_bn_softmax_autograd);
+  // Differentiating the backward (double backward) raises "derivative ... not implemented".
+  m.impl("gemm_bn_softmax_backward", torch::autograd::autogradNotImplementedFallback());
+}
