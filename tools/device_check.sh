@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# One call on the H200 (device tool): build against the device's torch, run every GPU test
-# (ctest + pytest), check the SASS for HGMMA, run the benchmark. Logs and JSON go to $OUT.
-#   run: bash tools/device_check.sh [full|sanitize|bench]   (carry: .device_cache)
+# The check on a GPU machine (the H200 used for development): build in build-device/ against that
+# machine's torch, run every GPU test (ctest + pytest), check the SASS for HGMMA, run the benchmark.
+# Logs and JSON go to $OUT (default /tmp/device_out).
+#   bash tools/device_check.sh [full|sanitize|bench]
 #     full:     build, SASS check, ctest, pytest, then bench_forward.py with $BENCH_ARGS
 #               (BENCH_ARGS=none skips it); NCU=1 adds Nsight Compute over each kernel.
 #     sanitize: compute-sanitizer (memcheck/racecheck/synccheck/initcheck) over every kernel.
 #     bench:    build, then bench_forward.py with $BENCH_ARGS (default: everything, with a
-#               time budget that fits one device call; continue with --resume <json>).
-# .device_cache holds what the device lacks: the nvidia-cutlass wheel and the googletest .debs
-# (see tools/prepare_device_cache.sh).
+#               time budget of 7 minutes; continue with --resume <json>).
+# Nothing is downloaded: the nvidia-cutlass wheel and the googletest .debs come from .device_cache/
+# (filled by tools/prepare_device_cache.sh on a machine with internet access).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-full}
@@ -19,7 +20,7 @@ status=0
 step() { echo; echo "=== $* ==="; }
 
 step "device"
-# At most 8 files come back from $OUT: env.log build.log ctest.log pytest.log bench.log bench.json extra.log ncu.tgz
+# Kept to 8 files in $OUT: env.log build.log ctest.log pytest.log bench.log bench.json extra.log ncu.tgz
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/env.log"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fills .device_cache/ (git-ignored) with what the H200 lacks: the pinned nvidia-cutlass wheel
-# (CUTLASS headers) and Debian's googletest sources. Pass `carry: [".device_cache"]` to the device tool.
+# Fills .device_cache/ (git-ignored) with what a GPU machine without internet access lacks: the
+# pinned nvidia-cutlass wheel (CUTLASS headers) and Debian's googletest sources. Run it on a machine
+# with internet access, then copy the folder with the checkout; tools/device_check.sh installs from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .device_cache
