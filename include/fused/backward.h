@@ -1,8 +1,11 @@
 // Backward of fused Linear -> BatchNorm1d -> scale -> softmax(dim=1): the torch-free public API.
 //
-// From what the forward kept (out, y = x W^T + b, the mean and invstd it normalised with) and
-// g = dL/dout, per column j over the rows i (s = scale, per column or scalar):
-//   xhat = (y - mean) * invstd                 dz = out * (g - r_i),  r_i = sum_n g_in * out_in
+// From what the forward kept (y = x W^T + b, the mean and invstd it normalised with, each row's
+// softmax log-normaliser lse) and g = dL/dout, per column j over the rows i (s = scale, per column
+// or scalar):
+//   xhat = (y - mean) * invstd   z = s (gamma xhat + beta)   out = exp(z - lse_i), recomputed in
+//   fp32 (not read back rounded to the output dtype: more accurate, fewer bytes)
+//   dz = out * (g - r_i),  r_i = sum_n g_in * out_in
 //   S1_j = sum_i dz_ij    S2_j = sum_i dz_ij * xhat_ij
 //   d_beta = s S1   d_gamma = s S2   d_scale = sum_j (gamma S2 + beta S1) (or per column)
 //   dy = A dz + B xhat + C,  A = gamma s invstd, and with batch statistics B = -A S2 / M,
@@ -11,11 +14,11 @@
 // then dx = dy W and dW = dy^T x: the caller's GEMMs, in the forward's input precision.
 //
 // Data flow on CUDA, all stream-ordered, deterministic (fixed reduction orders, no atomics on data):
-//   [B1] row pass:        r_i, one CTA per row
-//   [B2] column partials: per row tile, S1 and S2 of each column (the forward's partials layout)
+//   [B1] row pass:        partial sums of r_i over column strips (at most 32 per row)
+//   [B2] column partials: r_i (the strips summed in order), then per row tile S1 and S2 of each column
 //   [B3] column finalize: merges the partials in tile order -> the parameter gradients and A, B, C
 //   [B4] dy pass:         dy in the GEMM's input dtype, and/or dy^T (TF32 GEMMs need K-major operands)
-// The CPU implementation follows the same steps in double precision.
+// The CPU implementation follows the same steps in double precision. Every step reads y, never out.
 #pragma once
 
 #include <cstddef>
@@ -28,8 +31,8 @@ namespace fused {
 struct BackwardProblem {
   int64_t M = 0;  // batch
   int64_t N = 0;  // out_features
-  ElementType grad_dtype = ElementType::kFloat32;   // of grad_out and out (the forward's out dtype)
-  ElementType stats_dtype = ElementType::kFloat32;  // of y, save_mean, save_invstd (kFloat64: CPU only)
+  ElementType grad_dtype = ElementType::kFloat32;   // of grad_out (the forward's out dtype)
+  ElementType stats_dtype = ElementType::kFloat32;  // of y, save_mean, save_invstd, row_lse (kFloat64: CPU only)
   bool batch_stats = true;  // the forward normalised with batch statistics (training, or no running stats)
 };
 
@@ -37,12 +40,11 @@ struct BackwardProblem {
 struct BackwardBuffers {
   const void* grad_out = nullptr;  // (M, N) grad_dtype
   int64_t ldg = 0;
-  const void* out = nullptr;  // (M, N) grad_dtype: the forward's softmax output
-  int64_t ldo = 0;
   const void* y = nullptr;  // (M, N) stats_dtype: x W^T + b as the forward kept it
   int64_t ldy = 0;
   const void* save_mean = nullptr;    // (N) stats_dtype
   const void* save_invstd = nullptr;  // (N) stats_dtype
+  const void* row_lse = nullptr;      // (M) stats_dtype: log sum_n exp(z_in), the forward's ForwardBuffers::row_lse
   const void* gamma = nullptr;        // (N) param_dtype, or null (affine=False)
   const void* beta = nullptr;         // (N) param_dtype, or null
   ElementType param_dtype = ElementType::kFloat32;
@@ -72,9 +74,9 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, const Parall
 
 namespace cuda {
 // Device workspace for backward(), 256-byte aligned pointer expected:
-//   r (M floats), S1 and S2 partials (2 * ceil(M / row_tile) * N floats, row_tile 64..1024 rows),
-//   A, B, C (3 N floats), per-block d_scale sums and a counter (a few KiB).
-// Headline problem (M = 1024, N = 8192): about 1.1 MiB.
+//   r and its strip partials (33 M floats at most), S1 and S2 partials (2 * ceil(M / row_tile) * N
+//   floats, row_tile 64..1024 rows), A, B, C (3 N floats), per-block d_scale sums and a counter.
+// Headline problem (M = 1024, N = 8192): about 1.2 MiB.
 std::size_t backward_workspace_bytes(const BackwardProblem& p);
 // [B1]..[B4], stream-ordered on `stream`, no host synchronisation. stats_dtype must be fp32 and
 // grad_dtype / dy_dtype fp32, bf16 or fp16.

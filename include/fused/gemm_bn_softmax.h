@@ -9,7 +9,7 @@
 //       (GemmPath::kSm90), or y written by the caller (cuBLAS) + column_partials()
 //       (GemmPath::kExternal)
 //   [2] finalize(): partials -> mean, invstd, running-stat update, folded ColumnAffine
-//   [3] row_softmax(): out = softmax(a * (y - shift) + c)
+//   [3] row_softmax(): out = softmax(a * (y - shift) + c), and each row's log-normaliser for the backward
 // The CPU implementation (fused::cpu) follows the same steps on host memory.
 #pragma once
 
@@ -42,6 +42,9 @@ struct ForwardBuffers {
   int64_t ldo = 0;
   float* save_mean = nullptr;    // (N) the mean used (batch or running)
   float* save_invstd = nullptr;  // (N) 1 / sqrt(var + eps)
+  // (M) log sum_n exp(z[i, n]) per row, or null. Kept for the backward, which recomputes the
+  // softmax in fp32 from y (exp(z - row_lse)) instead of reading the rounded out.
+  float* row_lse = nullptr;
 };
 
 // Checks shapes, strides and arguments common to every path (the contract's preconditions).
@@ -63,9 +66,9 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
 void column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnStatsPartials& out);
 void finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
               float* save_invstd, const ColumnAffine& affine);
-// out has dtype `dtype`; fp32 math, row max subtracted.
+// out has dtype `dtype`; fp32 math, row max subtracted. row_lse (M floats) may be null.
 void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                 int64_t ldo, ElementType dtype);
+                 int64_t ldo, ElementType dtype, float* row_lse = nullptr);
 
 }  // namespace cpu
 
@@ -111,7 +114,7 @@ Status column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const 
 Status finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
                 float* save_invstd, const ColumnAffine& affine, cudaStream_t stream);
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                   int64_t ldo, ElementType dtype, cudaStream_t stream);
+                   int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fused

@@ -17,8 +17,8 @@ std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign;
 
 // Byte sizes of the workspace regions, in carving order.
 struct WorkspaceLayout {
-  std::size_t r, partials, coefficients, block_sums, counter;
-  std::size_t total() const { return r + 2 * partials + 3 * coefficients + block_sums + counter; }
+  std::size_t r_part, r, partials, coefficients, block_sums, counter;
+  std::size_t total() const { return r_part + r + 2 * partials + 2 * coefficients + block_sums + counter; }
 };
 
 GradPartials partials_geometry(const BackwardProblem& p) {
@@ -32,7 +32,9 @@ GradPartials partials_geometry(const BackwardProblem& p) {
 WorkspaceLayout layout(const BackwardProblem& p) {
   const GradPartials g = partials_geometry(p);
   const auto n = static_cast<std::size_t>(p.N);
-  return {align_up(sizeof(float) * static_cast<std::size_t>(p.M)),
+  const auto strips = static_cast<std::size_t>(util::ceil_div(p.N, backward_steps::row_strip_width(p.N)));
+  return {align_up(sizeof(float) * strips * static_cast<std::size_t>(p.M)),
+          align_up(sizeof(float) * static_cast<std::size_t>(p.M)),
           align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles) * n), align_up(sizeof(float) * n),
           align_up(sizeof(double) * static_cast<std::size_t>(util::ceil_div(p.N, backward_steps::kFinalizeThreads))),
           align_up(sizeof(unsigned))};
@@ -64,12 +66,12 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
     cursor += bytes;
     return ptr;
   };
+  auto* r_part = reinterpret_cast<float*>(take(ws.r_part));
   auto* r = reinterpret_cast<float*>(take(ws.r));
   GradPartials partials = partials_geometry(p);
   partials.s1 = reinterpret_cast<float*>(take(ws.partials));
   partials.s2 = reinterpret_cast<float*>(take(ws.partials));
   DyCoefficients coef;
-  coef.a = reinterpret_cast<float*>(take(ws.coefficients));
   coef.b = reinterpret_cast<float*>(take(ws.coefficients));
   coef.c = reinterpret_cast<float*>(take(ws.coefficients));
   auto* block_sums = reinterpret_cast<double*>(take(ws.block_sums));
@@ -77,8 +79,8 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
 
   if (p.M > 0) {
     util::NvtxRange range("fused::backward_row_pass");
-    FUSED_RETURN_IF_ERROR(backward_steps::row_dot(p, b, r, counter, stream));
-    FUSED_RETURN_IF_ERROR(backward_steps::grad_partials(p, b, r, partials, stream));
+    FUSED_RETURN_IF_ERROR(backward_steps::row_dot(p, b, r_part, counter, stream));
+    FUSED_RETURN_IF_ERROR(backward_steps::grad_partials(p, b, r_part, r, partials, stream));
   } else {
     // No row pass to zero the finalize's counter (and nothing to sum: every gradient is 0).
     FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream),

@@ -139,7 +139,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
     FUSED_RETURN_IF_ERROR(finalize(partials, p.M, p.N, bn, b.save_invstd, affine, stream));
   }
   util::NvtxRange range("fused::row_softmax");
-  return row_softmax(b.y, b.ldy, p.M, p.N, affine, b.out, b.ldo, p.out_dtype, stream);
+  return row_softmax(b.y, b.ldy, p.M, p.N, affine, b.out, b.ldo, p.out_dtype, b.row_lse, stream);
 }
 
 }  // namespace fused::cuda

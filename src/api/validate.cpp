@@ -42,7 +42,7 @@ Status validate(const BackwardProblem& p, const BackwardBuffers& b) {
   if (p.M < 0 || p.N < 0) return invalid("backward: M and N must be non-negative");
   if (p.M > 0 && p.N > 0) {
     if (b.grad_out == nullptr || b.ldg < p.N) return invalid("backward: grad_out null or row stride < N");
-    if (b.out == nullptr || b.ldo < p.N) return invalid("backward: out null or row stride < N");
+    if (b.row_lse == nullptr) return invalid("backward: row_lse is required");
     if (b.y == nullptr || b.ldy < p.N) return invalid("backward: y null or row stride < N");
     if (b.dy != nullptr && b.lddy < p.N) return invalid("backward: dy row stride < N");
     if (b.dy_t != nullptr && b.lddy_t < p.M) return invalid("backward: dy_t row stride < M");

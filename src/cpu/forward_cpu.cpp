@@ -49,7 +49,8 @@ void finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const B
 
 namespace {
 template <class Store>
-void softmax_rows(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, Store store) {
+void softmax_rows(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, float* row_lse,
+                  Store store) {
   std::vector<float> z(static_cast<size_t>(N));
   for (int64_t i = 0; i < M; ++i) {
     const float* row = y + i * ldy;
@@ -66,27 +67,28 @@ void softmax_rows(const float* y, int64_t ldy, int64_t M, int64_t N, const Colum
     }
     const float inv = 1.f / sum;
     for (int64_t n = 0; n < N; ++n) store(i, n, z[n] * inv);
+    if (row_lse != nullptr) row_lse[i] = detail::log_normaliser(mx, sum);
   }
 }
 }  // namespace
 
 void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                 int64_t ldo, ElementType dtype) {
+                 int64_t ldo, ElementType dtype, float* row_lse) {
   switch (dtype) {
     case ElementType::kFloat32: {
       auto* o = static_cast<float*>(out);
-      softmax_rows(y, ldy, M, N, affine, [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = v; });
+      softmax_rows(y, ldy, M, N, affine, row_lse, [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = v; });
       break;
     }
     case ElementType::kBFloat16: {
       auto* o = static_cast<uint16_t*>(out);
-      softmax_rows(y, ldy, M, N, affine,
+      softmax_rows(y, ldy, M, N, affine, row_lse,
                    [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = half_bits::float_to_bf16_bits(v); });
       break;
     }
     case ElementType::kFloat16: {
       auto* o = static_cast<uint16_t*>(out);
-      softmax_rows(y, ldy, M, N, affine,
+      softmax_rows(y, ldy, M, N, affine, row_lse,
                    [&](int64_t i, int64_t n, float v) { o[i * ldo + n] = half_bits::float_to_fp16_bits(v); });
       break;
     }
@@ -128,7 +130,7 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
   const int64_t elt = static_cast<int64_t>(element_size(p.out_dtype));
   parallel_for(M, std::max<int64_t>(1, 65536 / N), [&](int64_t r0, int64_t r1) {
     row_softmax(b.y + r0 * b.ldy, b.ldy, r1 - r0, N, affine, static_cast<char*>(b.out) + r0 * b.ldo * elt, b.ldo,
-                p.out_dtype);
+                p.out_dtype, b.row_lse != nullptr ? b.row_lse + r0 : nullptr);
   });
   return Status::Ok();
 }

@@ -27,7 +27,7 @@ at::ScalarType eager_out_dtype(c10::DeviceType device, at::ScalarType linear, co
 }
 
 template <c10::DeviceType kDevice>
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemm_bn_softmax_autocast(
+ForwardOutputs gemm_bn_softmax_autocast(
     const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, const OptTensor& bn_weight,
     const OptTensor& bn_bias, const OptTensor& running_mean, const OptTensor& running_var,
     const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training, std::optional<double> momentum,

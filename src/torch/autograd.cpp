@@ -7,8 +7,10 @@
 // keeps the one mutating op (the running statistics are written by the finalize kernel itself,
 // torch.compile functionalizes the op as before), as ATen's batch_norm does.
 //
-// Saved for the backward: out, y, the mean and invstd used, the BN parameters and scale; x (in the
-// compute dtype) only when weight needs a gradient, weight only when x does. The backward of the
+// Saved for the backward: y, the mean and invstd used, each row's softmax log-normaliser, the BN
+// parameters and scale (not out: the backward recomputes the softmax in fp32 from y, more exactly
+// than out rounded to its dtype); x (in the compute dtype) only when weight needs a gradient,
+// weight only when x does. The backward of the
 // backward is not implemented: differentiating through it raises (never a silently wrong result).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
@@ -73,11 +75,11 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     const at::Tensor xc = compute_dtype ? x.to(linear) : x;
     const at::Tensor wc = compute_dtype ? weight.to(linear) : weight;
     const OptTensor bc = compute_dtype && defined(bias) ? OptTensor(bias->to(linear)) : bias;
-    auto [out, mean, invstd, y] =
+    auto [out, mean, invstd, y, row_lse] =
         forward_op().call(xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
                           training, momentum, eps, precision, path, std::nullopt, out_dtype.value_or(linear));
     bump_mutated_versions(running_mean, running_var, num_batches_tracked, training);
-    ctx->mark_non_differentiable({mean, invstd, y});
+    ctx->mark_non_differentiable({mean, invstd, y, row_lse});
 
     // Which gradients can be asked for, and the edge index of each differentiable argument
     // (edges exist for the tensor arguments that are present, in argument order).
@@ -95,8 +97,8 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
       next_edge += present ? 1 : 0;
     }
     const bool any = std::find(wants.begin(), wants.end(), true) != wants.end();
-    ctx->save_for_backward({any ? out : at::Tensor(), any ? y : at::Tensor(), any ? mean : at::Tensor(),
-                            any ? invstd : at::Tensor(), wants[kGradWeight] ? xc : at::Tensor(),
+    ctx->save_for_backward({any ? y : at::Tensor(), any ? mean : at::Tensor(), any ? invstd : at::Tensor(),
+                            any ? row_lse : at::Tensor(), wants[kGradWeight] ? xc : at::Tensor(),
                             wants[kGradX] ? wc : at::Tensor(), any ? bn_weight.value_or(at::Tensor()) : at::Tensor(),
                             any ? bn_bias.value_or(at::Tensor()) : at::Tensor(), any ? scale : at::Tensor()});
     int64_t wants_bits = 0;
@@ -110,7 +112,7 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     // Gradients of x, weight and bias come back in the parameter's own dtype (fp32 master weights
     // under autocast): the GEMMs write them directly, no bf16 round trip.
     ctx->saved_data["linear_grad_dtype"] = weight.scalar_type();
-    return {out, mean, invstd, y};
+    return {out, mean, invstd, y, row_lse};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -149,7 +151,7 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
   const variable_list outs = GemmBnSoftmaxFunction::apply(x, weight, bias, bn_weight, bn_bias, running_mean,
                                                           running_var, num_batches_tracked, scale, training, momentum,
                                                           eps, precision, path, compute_dtype, out_dtype);
-  return {outs[0], outs[1], outs[2], outs[3]};
+  return {outs[0], outs[1], outs[2], outs[3], outs[4]};
 }
 
 }  // namespace

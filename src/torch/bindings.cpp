@@ -30,13 +30,13 @@ Outputs entry(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bi
 
 // Schema order -> BackwardArgs; absent gradients (undefined tensors) -> None.
 template <Grads (*Impl)(const BackwardArgs&)>
-OptGrads backward_entry(const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& y,
-                        const at::Tensor& save_mean, const at::Tensor& save_invstd, const OptTensor& x,
+OptGrads backward_entry(const at::Tensor& grad_out, const at::Tensor& y, const at::Tensor& save_mean,
+                        const at::Tensor& save_invstd, const at::Tensor& row_lse, const OptTensor& x,
                         const OptTensor& weight, const OptTensor& bn_weight, const OptTensor& bn_bias,
                         const at::Tensor& scale, bool batch_stats, std::array<bool, 6> output_mask,
                         const OptString& precision, OptDtype linear_grad_dtype) {
-  const Grads g = Impl(BackwardArgs{grad_out, out, y, save_mean, save_invstd, x, weight, bn_weight, bn_bias, scale,
-                                    batch_stats, output_mask, precision, linear_grad_dtype});
+  const Grads g = Impl(BackwardArgs{grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
+                                    scale, batch_stats, output_mask, precision, linear_grad_dtype});
   auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
   return {opt(std::get<0>(g)), opt(std::get<1>(g)), opt(std::get<2>(g)),
           opt(std::get<3>(g)), opt(std::get<4>(g)), opt(std::get<5>(g))};
@@ -68,21 +68,23 @@ std::string path_entry(const at::Tensor& x, const at::Tensor& weight, const OptT
 
 TORCH_LIBRARY(fused, m) {
   // Outputs: out (M, N) in out_dtype (default: the compute dtype, default x's); save_mean,
-  // save_invstd (N) fp32 (the statistics used, batch or running); y = x W^T + b (M, N) fp32. The
-  // last three are what the backward needs. Differentiable (autograd.cpp); autocast-aware (autocast.cpp).
+  // save_invstd (N) fp32 (the statistics used, batch or running); y = x W^T + b (M, N) fp32; row_lse
+  // (M) fp32, each row's softmax log-normaliser. The last four are what the backward needs.
+  // Differentiable (autograd.cpp); autocast-aware (autocast.cpp).
   m.def(
       "gemm_bn_softmax(Tensor x, Tensor weight, Tensor? bias, Tensor? bn_weight, Tensor? bn_bias, "
       "Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, Tensor scale, "
       "bool training, float? momentum, float eps, str? precision=None, str? path=None, "
       "ScalarType? compute_dtype=None, ScalarType? out_dtype=None) "
-      "-> (Tensor out, Tensor save_mean, Tensor save_invstd, Tensor y)");
-  // The backward, from the forward's outputs: gradients of x, weight, bias, bn_weight, bn_bias and
-  // scale, each computed only when output_mask asks for it (else None). x and weight are the
+      "-> (Tensor out, Tensor save_mean, Tensor save_invstd, Tensor y, Tensor row_lse)");
+  // The backward, from the forward's outputs (it recomputes the softmax from y and row_lse): gradients
+  // of x, weight, bias, bn_weight, bn_bias and scale, each computed only when output_mask asks for
+  // it (else None). x and weight are the
   // forward's GEMM operands (compute dtype); the gradients of x, weight and bias come in
   // linear_grad_dtype (default: the GEMM's dtype). batch_stats: the forward normalised with batch
   // statistics. precision: of fp32 GEMMs ('highest' exact, 'tf32'...), as the forward's.
   m.def(
-      "gemm_bn_softmax_backward(Tensor grad_out, Tensor out, Tensor y, Tensor save_mean, Tensor save_invstd, "
+      "gemm_bn_softmax_backward(Tensor grad_out, Tensor y, Tensor save_mean, Tensor save_invstd, Tensor row_lse, "
       "Tensor? x, Tensor? weight, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, bool batch_stats, "
       "bool[6] output_mask, str? precision=None, ScalarType? linear_grad_dtype=None) "
       "-> (Tensor? grad_x, Tensor? grad_weight, Tensor? grad_bias, Tensor? grad_bn_weight, Tensor? grad_bn_bias, "

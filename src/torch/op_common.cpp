@@ -110,7 +110,7 @@ Outputs allocate_outputs(const OpArgs& a) {
   const auto f32 = a.x.options().dtype(at::kFloat);
   const c10::SymInt M = a.sym_M(), N = a.sym_N();
   Outputs outs{at::empty_symint({M, N}, a.x.options().dtype(a.out_scalar_type())), at::empty_symint({N}, f32),
-               at::empty_symint({N}, f32), at::empty_symint({M, N}, f32)};
+               at::empty_symint({N}, f32), at::empty_symint({M, N}, f32), at::empty_symint({M}, f32)};
   // Test aid: GEMM_BN_SOFTMAX_POISON=1 fills every output with NaN before the kernels run, so
   // an element a kernel forgets to write shows up in the tests.
   if (!a.x.is_meta()) {
@@ -119,6 +119,7 @@ Outputs allocate_outputs(const OpArgs& a) {
       std::get<1>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
       std::get<2>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
       std::get<3>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
+      std::get<4>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
     }
   }
   return outs;
@@ -212,11 +213,8 @@ at::ScalarType BackwardArgs::gemm_dtype() const {
 void check_backward_args(const BackwardArgs& a) {
   const auto& g = a.grad_out;
   TORCH_CHECK(g.dim() == 2, "grad_out must be 2-D (batch, out_features), got shape ", g.sym_sizes());
-  TORCH_CHECK(a.out.sym_sizes() == g.sym_sizes() && a.y.sym_sizes() == g.sym_sizes(),
-              "grad_out, out and y must have the same shape, got ", g.sym_sizes(), ", ", a.out.sym_sizes(), " and ",
-              a.y.sym_sizes());
-  TORCH_CHECK(a.out.scalar_type() == g.scalar_type(), "grad_out dtype ", g.scalar_type(), " must match out dtype ",
-              a.out.scalar_type());
+  TORCH_CHECK(a.y.sym_sizes() == g.sym_sizes(), "grad_out and y must have the same shape, got ", g.sym_sizes(),
+              " and ", a.y.sym_sizes());
   auto floating = [](at::ScalarType t) { return is_supported_dtype(t) || t == at::kDouble; };
   TORCH_CHECK(floating(g.scalar_type()), "grad_out has unsupported dtype ", g.scalar_type());
   TORCH_CHECK(a.y.scalar_type() == at::kFloat || a.y.scalar_type() == at::kDouble,
@@ -227,7 +225,11 @@ void check_backward_args(const BackwardArgs& a) {
                 "save_mean and save_invstd must be [out_features] = [", N, "] of y's dtype, got ", t->sym_sizes(),
                 " ", t->scalar_type());
   }
-  std::vector<const at::Tensor*> all = {&a.out, &a.y, &a.save_mean, &a.save_invstd, &a.scale};
+  TORCH_CHECK(a.row_lse.dim() == 1 && a.row_lse.sym_size(0) == g.sym_size(0) &&
+                  a.row_lse.scalar_type() == a.y.scalar_type(),
+              "row_lse must be [batch] = [", g.sym_size(0), "] of y's dtype, got ", a.row_lse.sym_sizes(), " ",
+              a.row_lse.scalar_type());
+  std::vector<const at::Tensor*> all = {&a.y, &a.save_mean, &a.save_invstd, &a.row_lse, &a.scale};
   if (defined(a.x)) {
     TORCH_CHECK(a.x->dim() == 2 && a.x->sym_size(0) == g.sym_size(0), "x must be (batch, in_features) with batch ",
                 g.sym_size(0), ", got ", a.x->sym_sizes());
@@ -287,10 +289,10 @@ Grads allocate_grads(const BackwardArgs& a) {
 BackwardTensors prepare_backward(const BackwardArgs& a, Grads& grads) {
   BackwardTensors t;
   t.grad_out = a.grad_out.contiguous();  // e.g. the expanded ones of out.sum().backward()
-  t.out = a.out.contiguous();
   t.y = a.y.contiguous();
   t.save_mean = a.save_mean.contiguous();
   t.save_invstd = a.save_invstd.contiguous();
+  t.row_lse = a.row_lse.contiguous();
   // BN vectors: as given when gamma and beta share a dtype and are contiguous, else fp32 copies.
   const bool affine = defined(a.bn_weight);
   const bool direct = !affine || (a.bn_weight->scalar_type() == a.bn_bias->scalar_type() &&
@@ -322,10 +324,10 @@ BackwardTensors prepare_backward(const BackwardArgs& a, Grads& grads) {
   BackwardBuffers& b = t.buffers;
   auto ptr = [](const at::Tensor& x) -> void* { return x.defined() ? x.data_ptr() : nullptr; };
   b.grad_out = ptr(t.grad_out); b.ldg = p.N;
-  b.out = ptr(t.out); b.ldo = p.N;
   b.y = ptr(t.y); b.ldy = p.N;
   b.save_mean = ptr(t.save_mean);
   b.save_invstd = ptr(t.save_invstd);
+  b.row_lse = ptr(t.row_lse);
   b.gamma = ptr(t.gamma);
   b.beta = ptr(t.beta);
   b.param_dtype = affine ? element_type(t.gamma.scalar_type()) : ElementType::kFloat32;

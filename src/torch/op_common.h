@@ -7,14 +7,14 @@
 #include <array>
 #include <optional>
 #include <string>
-#include <tuple>
 
 #include "fused/backward.h"
 #include "fused/gemm_bn_softmax.h"
+#include "op_schema.h"
 
 namespace fused::torch_op {
 
-using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // out, save_mean, save_invstd, y
+using Outputs = ForwardOutputs;  // out, save_mean, save_invstd, y, row_lse
 
 // The op's arguments, as the schema names them.
 struct OpArgs {
@@ -53,7 +53,8 @@ struct OpArgs {
 // Every precondition of the contract, each failure naming the argument. Throws.
 void check_args(const OpArgs& a);
 
-// Allocates (M, N) out in out_scalar_type(), (N) save_mean / save_invstd and (M, N) fp32 y on x's device.
+// Allocates (M, N) out in out_scalar_type(), (N) save_mean / save_invstd, (M, N) fp32 y and (M) fp32
+// row_lse on x's device.
 Outputs allocate_outputs(const OpArgs& a);
 
 // x, weight and bias in the compute dtype (no copy when they already are).
@@ -98,10 +99,10 @@ enum GradIndex : int { kGradX = 0, kGradWeight, kGradBias, kGradBnWeight, kGradB
 // The backward op's arguments, as its schema names them.
 struct BackwardArgs {
   const at::Tensor& grad_out;
-  const at::Tensor& out;
   const at::Tensor& y;
   const at::Tensor& save_mean;
   const at::Tensor& save_invstd;
+  const at::Tensor& row_lse;
   const std::optional<at::Tensor>& x;       // as the GEMM read it (compute dtype); needed for grad_weight
   const std::optional<at::Tensor>& weight;  // likewise; needed for grad_x
   const std::optional<at::Tensor>& bn_weight;
@@ -125,7 +126,7 @@ Grads allocate_grads(const BackwardArgs& a);
 // The torch-free library's view of the backward, with BN vectors of mixed dtypes or strides read
 // through fp32 copies whose gradients `commit()` copies into the outputs.
 struct BackwardTensors {
-  at::Tensor grad_out, out, y, save_mean, save_invstd, gamma, beta, scale;
+  at::Tensor grad_out, y, save_mean, save_invstd, row_lse, gamma, beta, scale;
   at::Tensor grad_gamma, grad_beta, grad_scale;  // where the library writes
   BackwardProblem problem;
   BackwardBuffers buffers;

@@ -22,7 +22,7 @@ std::string select_cpu_path(const OpArgs& a) {
 
 Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
   select_cpu_path(a);
-  auto [out, save_mean, save_invstd, y] = allocate_outputs(a);
+  auto [out, save_mean, save_invstd, y, row_lse] = allocate_outputs(a);
   // y = x W^T + b in fp32 (operands rounded to the compute dtype, then upcast: fp32 accumulation, fp32 y).
   const LinearOperands lin = linear_operands(a);
   const at::Tensor xf = lin.x.to(at::kFloat), wf = lin.weight.to(at::kFloat);
@@ -44,9 +44,10 @@ Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
   b.y = y.data_ptr<float>(); b.ldy = p.N;
   b.out = out.data_ptr(); b.ldo = p.N;
   b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
+  b.row_lse = row_lse.data_ptr<float>();
   throw_on_error(cpu::forward_from_y(p, b, bnt.args(a), parallel), "gemm_bn_softmax");
   bnt.commit(a);
-  return {out, save_mean, save_invstd, y};
+  return {out, save_mean, save_invstd, y, row_lse};
 }
 
 Grads gemm_bn_softmax_backward_cpu(const BackwardArgs& a) {

@@ -56,7 +56,7 @@ ForwardProblem problem(const OpArgs& a) {
 }
 
 ForwardBuffers buffers(const LinearOperands& o, const Outputs& outs) {
-  const auto& [out, save_mean, save_invstd, y] = outs;
+  const auto& [out, save_mean, save_invstd, y, row_lse] = outs;
   ForwardBuffers b;
   b.x = o.x.data_ptr(); b.ldx = std::max<int64_t>(o.x.stride(0), o.x.size(1));
   b.weight = o.weight.data_ptr(); b.ldw = std::max<int64_t>(o.weight.stride(0), o.weight.size(1));
@@ -64,6 +64,7 @@ ForwardBuffers buffers(const LinearOperands& o, const Outputs& outs) {
   b.y = y.data_ptr<float>(); b.ldy = y.size(1);
   b.out = out.data_ptr(); b.ldo = out.size(1);
   b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
+  b.row_lse = row_lse.data_ptr<float>();
   return b;
 }
 

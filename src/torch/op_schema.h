@@ -17,14 +17,15 @@ using OptDtype = std::optional<at::ScalarType>;
 
 // gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean!, running_var!, num_batches_tracked!,
 //                 scale, training, momentum, eps, precision, path, compute_dtype, out_dtype)
-//   -> (out, save_mean, save_invstd, y)
-using ForwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+//   -> (out, save_mean, save_invstd, y, row_lse)
+using ForwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using ForwardSignature = ForwardOutputs(
     const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
     const OptTensor&, const OptTensor&, const at::Tensor&, bool, std::optional<double>, double, const OptString&,
     const OptString&, OptDtype, OptDtype);
 
-// gemm_bn_softmax_backward(grad_out, out, y, save_mean, save_invstd, x, weight, bn_weight, bn_bias, scale,
-//                          batch_stats, output_mask, precision, linear_grad_dtype)
+// gemm_bn_softmax_backward(grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
+//                          scale, batch_stats, output_mask, precision, linear_grad_dtype)
 //   -> (grad_x, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias, grad_scale)
 using OptGrads = std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor>;
 using BackwardSignature = OptGrads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

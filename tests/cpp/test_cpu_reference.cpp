@@ -196,9 +196,9 @@ TEST(RowSoftmax, MatchesFloat64) {
       a[n] = static_cast<float>(2.0 / std::sqrt(m2 / M + 1e-5));
       c[n] = 0.1f * (n % 7);
     }
-    std::vector<float> out(M * N, std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> out(M * N, std::numeric_limits<float>::quiet_NaN()), lse(M, std::nanf(""));
     cpu::row_softmax(y.data(), N, M, N, ColumnAffine{shift.data(), a.data(), c.data()}, out.data(), N,
-                     ElementType::kFloat32);
+                     ElementType::kFloat32, lse.data());
     for (int64_t i = 0; i < M; ++i) {
       std::vector<double> z(N);
       double mx = -INFINITY, sum = 0.0;
@@ -208,6 +208,7 @@ TEST(RowSoftmax, MatchesFloat64) {
       }
       for (int64_t n = 0; n < N; ++n) sum += std::exp(z[n] - mx);
       for (int64_t n = 0; n < N; ++n) EXPECT_NEAR(out[i * N + n], std::exp(z[n] - mx) / sum, 2e-6) << N;
+      EXPECT_NEAR(lse[i], mx + std::log(sum), 4e-7 * (std::fabs(mx) + std::log(sum) + 1.0)) << N;
     }
   }
 }

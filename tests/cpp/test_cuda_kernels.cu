@@ -184,9 +184,13 @@ void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double
   const int64_t ldo = N + ldo_pad;
   DeviceBuf<float> dy(y), ds(shift), da(a), dc(c);
   DeviceBuf<T> dout(M * ldo);
-  ASSERT_TRUE(cuda::row_softmax(dy.ptr, N, M, N, ColumnAffine{ds.ptr, da.ptr, dc.ptr}, dout.ptr, ldo, dt, nullptr).ok());
+  DeviceBuf<float> dlse(M);
+  ASSERT_TRUE(
+      cuda::row_softmax(dy.ptr, N, M, N, ColumnAffine{ds.ptr, da.ptr, dc.ptr}, dout.ptr, ldo, dt, dlse.ptr, nullptr)
+          .ok());
   CUDA_OK(cudaDeviceSynchronize());
   const auto out = dout.download();
+  const auto lse = dlse.download();
   double err2 = 0.0, ref2 = 0.0;
   for (int64_t i = 0; i < M; ++i) {
     std::vector<double> z(N);
@@ -196,6 +200,8 @@ void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double
       mx = std::max(mx, z[n]);
     }
     for (int64_t n = 0; n < N; ++n) sum += std::exp(z[n] - mx);
+    // The log-normaliser: fp32 rounding of a value of size |max z|.
+    ASSERT_NEAR(lse[i], mx + std::log(sum), 4e-7 * (std::fabs(mx) + std::log(sum) + 1.0)) << i;
     for (int64_t n = 0; n < N; ++n) {
       const double ref = std::exp(z[n] - mx) / sum, got = to_float(out[i * ldo + n]);
       ASSERT_FALSE(std::isnan(got)) << "unwritten or NaN at " << i << "," << n;

@@ -26,7 +26,7 @@ def test_large_mean_over_std_variance_as_good_as_eager(device, path):
     w = torch.randn(n, k, device=device) / k ** 0.5
     b = 1e3 * torch.sign(torch.randn(n, device=device))  # |mean| / std ~ 1e3
     rm, rv, nbt = torch.zeros(n, device=device), torch.ones(n, device=device), torch.zeros((), dtype=torch.long, device=device)
-    out, mean, invstd, y = torch.ops.fused.gemm_bn_softmax(x, w, b, None, None, rm, rv, nbt, torch.ones(1, device=device),
+    out, mean, invstd, y, _ = torch.ops.fused.gemm_bn_softmax(x, w, b, None, None, rm, rv, nbt, torch.ones(1, device=device),
                                                            True, 1.0, 1e-5, _precision(device, path, x.dtype), path)
     var64 = y.double().var(0, unbiased=True)  # statistics of the y the op computed
     bn = torch.nn.BatchNorm1d(n, momentum=1.0, affine=False).to(device)

@@ -10,23 +10,45 @@ import gemm_bn_softmax as gbs
 op = torch.ops.fused.gemm_bn_softmax.default
 
 
-def _sample(device, dtype=torch.float32, training=True, momentum=0.1, scale_n=False, bias=True, affine=True):
+def _sample(device, dtype=torch.float32, training=True, momentum=0.1, scale_n=False, bias=True, affine=True,
+            requires_grad=False):
     m, n, k = 12, 10, 16
     f = dict(device=device)
-    return (torch.rand(m, k, dtype=dtype, **f), torch.randn(n, k, dtype=dtype, **f),
-            torch.randn(n, dtype=dtype, **f) if bias else None,
-            torch.rand(n, **f) + 0.5 if affine else None, torch.randn(n, **f) if affine else None,
+
+    def param(t):  # the differentiable arguments: x, weight, bias, bn_weight, bn_bias, scale
+        return t.requires_grad_(requires_grad)
+
+    return (param(torch.rand(m, k, dtype=dtype, **f)), param(torch.randn(n, k, dtype=dtype, **f)),
+            param(torch.randn(n, dtype=dtype, **f)) if bias else None,
+            param(torch.rand(n, **f) + 0.5) if affine else None, param(torch.randn(n, **f)) if affine else None,
             torch.randn(n, **f), torch.rand(n, **f) + 0.5, torch.zeros((), dtype=torch.long, **f),
-            torch.rand(n if scale_n else 1, **f) + 0.5, training, momentum, 1e-5)
+            param(torch.rand(n if scale_n else 1, **f) + 0.5), training, momentum, 1e-5)
+
+
+VARIANTS = {"train": {}, "eval": {"training": False}, "momentum_none": {"momentum": None},
+            "per_column_scale": {"scale_n": True}, "no_bias_no_affine": {"bias": False, "affine": False}}
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("variant", ["train", "eval", "momentum_none", "per_column_scale", "no_bias_no_affine"])
-def test_opcheck(device, dtype, variant):
-    kw = {"train": {}, "eval": {"training": False}, "momentum_none": {"momentum": None},
-          "per_column_scale": {"scale_n": True}, "no_bias_no_affine": {"bias": False, "affine": False}}[variant]
-    torch.library.opcheck(op, _sample(device, dtype, **kw))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "requires_grad"])
+def test_opcheck(device, dtype, variant, requires_grad):
+    """Schema, fake kernel, autograd registration and AOT dispatch; with requires_grad samples the
+    op's Autograd kernel and its backward op are exercised too."""
+    torch.library.opcheck(op, _sample(device, dtype, requires_grad=requires_grad, **VARIANTS[variant]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("variant", ["train", "eval", "per_column_scale", "no_bias_no_affine"])
+def test_opcheck_backward_op(device, dtype, variant):
+    x, w, b, gamma, beta, rm, rv, nbt, scale, training, momentum, eps = _sample(device, dtype, **VARIANTS[variant])
+    out, mean, invstd, y, lse = op(x, w, b, gamma, beta, rm, rv, nbt, scale, training, momentum, eps)
+    affine = gamma is not None
+    mask = [True, True, b is not None, affine, affine, True]
+    torch.library.opcheck(torch.ops.fused.gemm_bn_softmax_backward.default,
+                          (torch.randn_like(out), y, mean, invstd, lse, x, w, gamma, beta, scale, training, mask))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -84,6 +84,9 @@ FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, int64_t M, const
 // The softmax logit of one element: z = a * (y - shift) + c.
 FUSED_HD float bn_logit(float y, float shift, float a, float c) { return fmaf(a, y - shift, c); }
 
+// log sum_n exp(z_n) of a row from its max and sum_n exp(z_n - max).
+FUSED_HD float log_normaliser(float row_max, float sum_exp) { return row_max + logf(sum_exp); }
+
 // ---- backward (fused/backward.h) ----
 
 // The softmax backward of one element: dz = out * (g - r), r = sum over the row of g * out.
@@ -91,6 +94,30 @@ FUSED_HD float softmax_grad(float out, float g, float r) { return out * (g - r);
 
 // The normalised value the forward computed: xhat = (y - mean) * invstd.
 FUSED_HD float bn_xhat(float y, float mean, float invstd) { return (y - mean) * invstd; }
+
+// The forward's softmax output, recomputed from its logit and the row's log-normaliser.
+FUSED_HD float softmax_from_logit(float z, float row_lse) { return expf(z - row_lse); }
+
+// One column's parameters as the backward sees them: the saved statistics, scale, gamma, beta, and
+// the softmax logit's map z = a (y - shift) + c (the forward's, up to the rounding of the saved invstd).
+struct BackwardColumn {
+  double shift = 0.0, invstd = 0.0, s = 1.0, gamma = 1.0, beta = 0.0, a = 0.0, c = 0.0;
+};
+
+FUSED_HD BackwardColumn backward_column(int64_t col, const BackwardProblem& p, const BackwardBuffers& b) {
+  using half_bits::load_double;
+  BackwardColumn k;
+  k.shift = load_double(b.save_mean, p.stats_dtype, col);
+  k.invstd = load_double(b.save_invstd, p.stats_dtype, col);
+  k.s = load_double(b.scale, b.scale_dtype, b.scale_numel == 1 ? 0 : col);
+  if (b.gamma != nullptr) {
+    k.gamma = load_double(b.gamma, b.param_dtype, col);
+    k.beta = load_double(b.beta, b.param_dtype, col);
+  }
+  k.a = k.s * k.gamma * k.invstd;  // as finalize_column folds them in the forward
+  k.c = k.s * k.beta;
+  return k;
+}
 
 // One column's share of the backward: dy = a * dz + b * xhat + c, and the column's term of a
 // scalar scale's gradient (sum over columns of gamma S2 + beta S1).
@@ -103,22 +130,18 @@ struct ColumnGrad {
 // and (per-column scale) d_scale where the buffers ask for them; returns the dy coefficients.
 FUSED_HD ColumnGrad finalize_column_grad(int64_t col, double s1, double s2, const BackwardProblem& p,
                                          const BackwardBuffers& b) {
-  using half_bits::load_double;
   using half_bits::store_double;
-  const double s = load_double(b.scale, b.scale_dtype, b.scale_numel == 1 ? 0 : col);
-  const double gamma = b.gamma != nullptr ? load_double(b.gamma, b.param_dtype, col) : 1.0;
-  const double beta = b.beta != nullptr ? load_double(b.beta, b.param_dtype, col) : 0.0;
-  const double invstd = load_double(b.save_invstd, p.stats_dtype, col);
+  const BackwardColumn k = backward_column(col, p, b);
   ColumnGrad g;
-  g.d_scale_term = gamma * s2 + beta * s1;
-  g.a = gamma * s * invstd;
+  g.d_scale_term = k.gamma * s2 + k.beta * s1;
+  g.a = k.a;
   if (p.batch_stats && p.M > 0) {
     const double m = static_cast<double>(p.M);
     g.b = -g.a * s2 / m;
     g.c = -g.a * s1 / m;
   }
-  if (b.grad_gamma != nullptr) store_double(b.grad_gamma, b.param_dtype, col, s * s2);
-  if (b.grad_beta != nullptr) store_double(b.grad_beta, b.param_dtype, col, s * s1);
+  if (b.grad_gamma != nullptr) store_double(b.grad_gamma, b.param_dtype, col, k.s * s2);
+  if (b.grad_beta != nullptr) store_double(b.grad_beta, b.param_dtype, col, k.s * s1);
   // sum_i dy = a S1 + b sum_i xhat + M c, and sum_i xhat = 0 for batch statistics: exactly 0.
   if (b.grad_bias != nullptr) store_double(b.grad_bias, b.bias_dtype, col, p.batch_stats ? 0.0 : g.a * s1);
   if (b.grad_scale != nullptr && b.scale_numel != 1) store_double(b.grad_scale, b.scale_dtype, col, g.d_scale_term);

@@ -15,9 +15,8 @@ struct GradPartials {
   int64_t ld = 0;  // >= N
 };
 
-// dy = a * dz + b * xhat + c, per column.
+// dy = a * dz + b * xhat + c: b and c per column ([B3]); a is the logit map's (ColumnMaps).
 struct DyCoefficients {
-  float* a = nullptr;
   float* b = nullptr;
   float* c = nullptr;
 };
@@ -25,11 +24,18 @@ struct DyCoefficients {
 // Rows per partials tile: enough tiles to fill the GPU, few enough that the finalize stays cheap.
 int64_t grad_partials_row_tile(int64_t M);
 
-// [B1] r[i] = sum_n g[i, n] * out[i, n]; also zeroes `counter` for [B3].
-Status row_dot(const BackwardProblem& p, const BackwardBuffers& b, float* r, unsigned* counter, cudaStream_t stream);
-// [B2] per-row-tile column sums of dz and dz * xhat.
-Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const float* r, const GradPartials& partials,
-                     cudaStream_t stream);
+// Column strips of the row pass: at most kMaxRowStrips per row, each a multiple of 256 columns.
+constexpr int64_t kMaxRowStrips = 32;
+int64_t row_strip_width(int64_t N);
+
+// [B1] r_part[s * M + i] = sum over the columns of strip s of g[i, n] * out[i, n]; also zeroes
+// `counter` for [B3].
+Status row_dot(const BackwardProblem& p, const BackwardBuffers& b, float* r_part, unsigned* counter,
+               cudaStream_t stream);
+// [B2] r[i] = the strips of r_part summed in order, and the per-row-tile column sums of dz and
+// dz * xhat.
+Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const float* r_part, float* r,
+                     const GradPartials& partials, cudaStream_t stream);
 // [B3] merges the tiles in order, writes the parameter gradients and the dy coefficients. A scalar
 // scale's gradient is summed over column blocks by the last block to finish (block_sums holds
 // ceil(N / 256) doubles; counter must be 0 on entry and is 0 again on exit).

@@ -25,7 +25,6 @@ __global__ void __launch_bounds__(kThreads)
       s2 += partials.s2[t * partials.ld + col];
     }
     const detail::ColumnGrad g = detail::finalize_column_grad(col, s1, s2, p, b);
-    coef.a[col] = static_cast<float>(g.a);
     coef.b[col] = static_cast<float>(g.b);
     coef.c[col] = static_cast<float>(g.c);
     scale_term = g.d_scale_term;

@@ -1,10 +1,10 @@
-// [B4] dy pass: dy = a * dz + b * xhat + c (per-column coefficients from [B3], r_i from [B1]),
+// [B4] dy pass: dy = a * dz + b * xhat + c (a from the logit map, b and c from [B3], r_i from [B2]),
 // written in the backward GEMMs' input dtype; and/or dy^T, which TF32 GEMMs need for dW = dy^T x
 // (TF32 tensor cores take K-major operands only, and dW reduces over M). Block (32 column threads x
 // 8 row lanes) covers 256 columns x 32 rows; the transposed tile goes through shared memory so that
 // dy^T's rows are written in 32-element runs.
-#include "fused/detail/bn_math.h"
 #include "kernels/backward/backward_kernels.h"
+#include "kernels/backward/column_map.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/vec8.cuh"
 
@@ -20,18 +20,20 @@ constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
 
 template <bool kVec, class T, class TDy>
 __global__ void __launch_bounds__(kColThreads* kRowLanes)
-    dy_kernel(const T* __restrict__ g, int64_t ldg, const T* __restrict__ out, int64_t ldo,
-              const float* __restrict__ y, int64_t ldy, const float* __restrict__ mean,
-              const float* __restrict__ invstd, const float* __restrict__ r, DyCoefficients coef, int64_t M,
-              int64_t N, TDy* __restrict__ dy, int64_t lddy, TDy* __restrict__ dy_t, int64_t lddy_t) {
+    dy_kernel(BackwardProblem p, BackwardBuffers bufs, const float* __restrict__ r, DyCoefficients coef) {
   extern __shared__ float tile[];  // kTileRows x kPitch, only when dy_t is written
+  const auto* g = static_cast<const T*>(bufs.grad_out);
+  const auto* y = static_cast<const float*>(bufs.y);
+  const auto* lse = static_cast<const float*>(bufs.row_lse);
+  auto* dy = static_cast<TDy*>(bufs.dy);
+  auto* dy_t = static_cast<TDy*>(bufs.dy_t);
+  const int64_t M = p.M, N = p.N, ldg = bufs.ldg, ldy = bufs.ldy, lddy = bufs.lddy, lddy_t = bufs.lddy_t;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kStrip;
   const int64_t col = c0 + threadIdx.x * 8;
-  float mu[8] = {}, is[8] = {}, a[8] = {}, b[8] = {}, c[8] = {};
+  ColumnMaps maps;
+  float b[8] = {}, c[8] = {};
   if (col < N) {
-    util::load8<kVec>(mean, col, N, mu);
-    util::load8<kVec>(invstd, col, N, is);
-    util::load8<kVec>(coef.a, col, N, a);
+    maps.load(p, bufs, col);
     util::load8<kVec>(coef.b, col, N, b);
     util::load8<kVec>(coef.c, col, N, c);
   }
@@ -43,15 +45,14 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes)
       const int local = threadIdx.y + k * kRowLanes;
       const int64_t i = r0 + local;
       if (i >= M || col >= N) continue;
-      float gv[8], ov[8], yv[8], d[8];
+      float gv[8], yv[8], d[8];
       util::load8<kVec>(g + i * ldg, col, N, gv);
-      util::load8<kVec>(out + i * ldo, col, N, ov);
       util::load8<kVec>(y + i * ldy, col, N, yv);
-      const float ri = r[i];
+      const float ri = r[i], li = lse[i];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float dz = detail::softmax_grad(ov[j], gv[j], ri);
-        d[j] = fmaf(a[j], dz, fmaf(b[j], detail::bn_xhat(yv[j], mu[j], is[j]), c[j]));
+        const float dz = detail::softmax_grad(maps.softmax(j, yv[j], li), gv[j], ri);
+        d[j] = fmaf(maps.a[j], dz, fmaf(b[j], maps.xhat(j, yv[j]), c[j]));
       }
       if (dy != nullptr) util::store8<kVec>(dy + i * lddy, col, N, d);
       if (dy_t != nullptr) {
@@ -75,10 +76,9 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes)
 bool vectorizable(const BackwardProblem& p, const BackwardBuffers& b) {
   const int64_t g_per16 = 16 / static_cast<int64_t>(element_size(p.grad_dtype));
   const int64_t dy_per16 = 16 / static_cast<int64_t>(element_size(b.dy_dtype));
-  return p.N % 8 == 0 && b.ldg % g_per16 == 0 && b.ldo % g_per16 == 0 && b.ldy % 4 == 0 &&
+  return p.N % 8 == 0 && b.ldg % g_per16 == 0 && b.ldy % 4 == 0 &&
          (b.dy == nullptr || (b.lddy % dy_per16 == 0 && util::aligned16(b.dy))) && util::aligned16(b.grad_out) &&
-         util::aligned16(b.out) && util::aligned16(b.y) && util::aligned16(b.save_mean) &&
-         util::aligned16(b.save_invstd);
+         util::aligned16(b.y);
 }
 
 }  // namespace
@@ -93,23 +93,14 @@ Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* 
   const dim3 block(kColThreads, kRowLanes);
   const size_t smem = b.dy_t != nullptr ? kTransposeSmem : 0;
   const bool vec = vectorizable(p, b);
-  const auto* y = static_cast<const float*>(b.y);
-  const auto* mean = static_cast<const float*>(b.save_mean);
-  const auto* invstd = static_cast<const float*>(b.save_invstd);
   return util::with_cuda_type(p.grad_dtype, [&](auto grad_tag) {
     using T = decltype(grad_tag);
     return util::with_cuda_type(b.dy_dtype, [&](auto dy_tag) {
       using TDy = decltype(dy_tag);
-      const auto* g = static_cast<const T*>(b.grad_out);
-      const auto* o = static_cast<const T*>(b.out);
-      auto* dy = static_cast<TDy*>(b.dy);
-      auto* dy_t = static_cast<TDy*>(b.dy_t);
       if (vec) {
-        dy_kernel<true><<<grid, block, smem, stream>>>(g, b.ldg, o, b.ldo, y, b.ldy, mean, invstd, r, coef, p.M, p.N,
-                                                       dy, b.lddy, dy_t, b.lddy_t);
+        dy_kernel<true, T, TDy><<<grid, block, smem, stream>>>(p, b, r, coef);
       } else {
-        dy_kernel<false><<<grid, block, smem, stream>>>(g, b.ldg, o, b.ldo, y, b.ldy, mean, invstd, r, coef, p.M, p.N,
-                                                        dy, b.lddy, dy_t, b.lddy_t);
+        dy_kernel<false, T, TDy><<<grid, block, smem, stream>>>(p, b, r, coef);
       }
       return util::launch_status("backward dy_kernel launch");
     });

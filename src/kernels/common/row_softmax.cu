@@ -1,7 +1,8 @@
 // [3] Row softmax of the BatchNorm logits: out[i, :] = softmax(a * (y[i, :] - shift) + c).
 //
 // One CTA per row. Rows up to kThreads * 4 * kMaxVec elements stay in registers: one read of y,
-// one write of out, 16-byte loads. Wider rows (up to any N) take the streaming kernel: an
+// one write of out, 16-byte loads, and the row's log-normaliser for the backward. Wider rows (up
+// to any N) take the streaming kernel: an
 // online max/sum pass, then a pass that re-reads y (mostly from L2) and writes out.
 // The row max is subtracted; NaN and +-inf propagate as in torch.softmax. expf (not the
 // approximate __expf) keeps exact-fp32 mode within 1e-5; the kernel is memory-bound anyway.
@@ -84,7 +85,7 @@ __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), 
 template <int kThreads, int kVecs, bool kVec, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_in_registers(const float* __restrict__ y, int64_t ldy, int64_t N, ColumnAffine f,
-                              TOut* __restrict__ out, int64_t ldo) {
+                              TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse) {
   __shared__ float smem[32];
   const int64_t row = blockIdx.x;
   const float* yrow = y + row * ldy;
@@ -107,6 +108,7 @@ __global__ void __launch_bounds__(kThreads)
     sum += (z[v].x + z[v].y) + (z[v].z + z[v].w);
   }
   sum = block_reduce<kThreads, false>(sum, smem);
+  if (row_lse != nullptr && threadIdx.x == 0) row_lse[row] = detail::log_normaliser(mx, sum);
   const float inv = 1.f / sum;
   TOut* orow = out + row * ldo;
 #pragma unroll
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int kThreads, bool kVec, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_streaming(const float* __restrict__ y, int64_t ldy, int64_t N, ColumnAffine f, TOut* __restrict__ out,
-                           int64_t ldo) {
+                           int64_t ldo, float* __restrict__ row_lse) {
   __shared__ float smem[32];
   const int64_t row = blockIdx.x;
   const float* yrow = y + row * ldy;
@@ -138,6 +140,7 @@ __global__ void __launch_bounds__(kThreads)
   const float row_max = block_reduce<kThreads, true>(mx, smem);
   sum = mx == -INFINITY ? 0.f : sum * expf(mx - row_max);
   sum = block_reduce<kThreads, false>(sum, smem);
+  if (row_lse != nullptr && threadIdx.x == 0) row_lse[row] = detail::log_normaliser(row_max, sum);
   const float inv = 1.f / sum;
   TOut* orow = out + row * ldo;
   for (int64_t col = static_cast<int64_t>(threadIdx.x) * 4; col < N; col += kThreads * 4) {
@@ -150,51 +153,52 @@ __global__ void __launch_bounds__(kThreads)
 
 template <bool kVec, class TOut>
 Status launch_typed(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out, int64_t ldo,
-                    cudaStream_t stream) {
+                    float* row_lse, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(M));
   // Registers path: kThreads * 4 * kVecs >= N.
   if (N <= 128 * 4 * 1) {
-    softmax_rows_in_registers<128, 1, kVec><<<grid, 128, 0, stream>>>(y, ldy, N, f, out, ldo);
+    softmax_rows_in_registers<128, 1, kVec><<<grid, 128, 0, stream>>>(y, ldy, N, f, out, ldo, row_lse);
   } else if (N <= 256 * 4 * 2) {
-    softmax_rows_in_registers<256, 2, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo);
+    softmax_rows_in_registers<256, 2, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo, row_lse);
   } else if (N <= 256 * 4 * 4) {
-    softmax_rows_in_registers<256, 4, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo);
+    softmax_rows_in_registers<256, 4, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo, row_lse);
   } else if (N <= 256 * 4 * 8) {
-    softmax_rows_in_registers<256, 8, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo);
+    softmax_rows_in_registers<256, 8, kVec><<<grid, 256, 0, stream>>>(y, ldy, N, f, out, ldo, row_lse);
   } else if (N <= 512 * 4 * 8) {
-    softmax_rows_in_registers<512, 8, kVec><<<grid, 512, 0, stream>>>(y, ldy, N, f, out, ldo);
+    softmax_rows_in_registers<512, 8, kVec><<<grid, 512, 0, stream>>>(y, ldy, N, f, out, ldo, row_lse);
   } else if (N <= 1024 * 4 * 8) {
-    softmax_rows_in_registers<1024, 8, kVec><<<grid, 1024, 0, stream>>>(y, ldy, N, f, out, ldo);
+    softmax_rows_in_registers<1024, 8, kVec><<<grid, 1024, 0, stream>>>(y, ldy, N, f, out, ldo, row_lse);
   } else {
-    softmax_rows_streaming<1024, kVec><<<grid, 1024, 0, stream>>>(y, ldy, N, f, out, ldo);
+    softmax_rows_streaming<1024, kVec><<<grid, 1024, 0, stream>>>(y, ldy, N, f, out, ldo, row_lse);
   }
   return util::launch_status("row_softmax kernel launch");
 }
 
 template <class TOut>
 Status launch(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, void* out, int64_t ldo,
-              cudaStream_t stream) {
+              float* row_lse, cudaStream_t stream) {
   // 16-byte loads need every row of y and the column vectors 16-byte aligned; 4-wide stores
   // need out rows aligned to 4 elements.
   const bool vec = ldy % 4 == 0 && ldo % 4 == 0 && util::aligned16(y) && util::aligned16(f.shift) && util::aligned16(f.a) &&
                    util::aligned16(f.c) && (reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut))) == 0;
   auto* o = static_cast<TOut*>(out);
-  return vec ? launch_typed<true>(y, ldy, M, N, f, o, ldo, stream) : launch_typed<false>(y, ldy, M, N, f, o, ldo, stream);
+  return vec ? launch_typed<true>(y, ldy, M, N, f, o, ldo, row_lse, stream)
+             : launch_typed<false>(y, ldy, M, N, f, o, ldo, row_lse, stream);
 }
 
 }  // namespace
 
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                   int64_t ldo, ElementType dtype, cudaStream_t stream) {
+                   int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream) {
   if (M == 0 || N == 0) return Status::Ok();
   if (M > 0x7fffffff) return {StatusCode::kNotSupported, "row_softmax: more than 2^31-1 rows"};
   switch (dtype) {
     case ElementType::kFloat32:
-      return launch<float>(y, ldy, M, N, affine, out, ldo, stream);
+      return launch<float>(y, ldy, M, N, affine, out, ldo, row_lse, stream);
     case ElementType::kBFloat16:
-      return launch<__nv_bfloat16>(y, ldy, M, N, affine, out, ldo, stream);
+      return launch<__nv_bfloat16>(y, ldy, M, N, affine, out, ldo, row_lse, stream);
     case ElementType::kFloat16:
-      return launch<__half>(y, ldy, M, N, affine, out, ldo, stream);
+      return launch<__half>(y, ldy, M, N, affine, out, ldo, row_lse, stream);
   }
   return {StatusCode::kInvalidArgument, "row_softmax: unknown dtype"};
 }

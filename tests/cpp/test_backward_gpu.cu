@@ -1,0 +1,211 @@
+// GPU group: the CUDA backward steps (fused::cuda::backward) against the CPU backward in float64 on
+// the same inputs, on vectorised and scalar shapes, fp32 and bf16 grad_out / dy, dy and dy^T, every
+// output poisoned first; and bit-for-bit determinism. Every test skips without a CUDA device.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backward_problem.h"
+#include "fused/backward.h"
+#include "fused/detail/half_bits.h"
+
+namespace fused {
+namespace {
+
+using test::BackwardCase;
+using test::BackwardData;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// A device copy of a host vector (or `count` poisoned bytes: 0xff is NaN in every float type).
+struct Device {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit Device(size_t n) : bytes(n) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(bytes, 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ptr, 0xff, bytes), cudaSuccess);
+  }
+  template <class T>
+  explicit Device(const std::vector<T>& h) : Device(h.size() * sizeof(T)) {
+    EXPECT_EQ(cudaMemcpy(ptr, h.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Device() { cudaFree(ptr); }
+  template <class T>
+  std::vector<T> get() const {
+    std::vector<T> h(bytes / sizeof(T));
+    EXPECT_EQ(cudaMemcpy(h.data(), ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = half_bits::float_to_bf16_bits(v[i]);
+  return h;
+}
+
+std::vector<double> from_bits(const std::vector<uint16_t>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = half_bits::bf16_bits_to_float(v[i]);
+  return d;
+}
+
+struct GpuCase {
+  BackwardCase c;
+  ElementType grad_dtype;  // grad_out and out
+  ElementType dy_dtype;
+  bool transposed;  // dy^T as well
+};
+
+// Everything the CUDA backward writes, downloaded as double.
+struct Result {
+  std::vector<double> dy, dy_t, gamma, beta, bias, scale;
+};
+
+Result run_gpu(const BackwardData& d, const GpuCase& gc) {
+  const BackwardCase& c = d.c;
+  const bool bf16 = gc.grad_dtype == ElementType::kBFloat16;
+  // 16-bit grad_out: the CPU reference reads the same rounded values (see reference()).
+  Device g = bf16 ? Device(to_bf16(d.gf)) : Device(d.gf);
+  Device y(d.yf), lse(d.lsef), mean(d.meanf), invstd(d.invstdf), gamma(d.gammaf), beta(d.betaf), scale(d.scalef);
+  const size_t dy_elt = element_size(gc.dy_dtype);
+  Device dy(c.M * c.N * dy_elt), dy_t(gc.transposed ? c.M * c.N * dy_elt : 0);
+  Device ggamma(c.N * 4), gbeta(c.N * 4), gbias(c.N * 4), gscale(d.scalef.size() * 4);
+  BackwardBuffers b;
+  b.grad_out = g.ptr; b.ldg = c.N; b.y = y.ptr; b.ldy = c.N;
+  b.save_mean = mean.ptr; b.save_invstd = invstd.ptr; b.row_lse = lse.ptr;
+  if (c.affine) {
+    b.gamma = gamma.ptr; b.beta = beta.ptr; b.grad_gamma = ggamma.ptr; b.grad_beta = gbeta.ptr;
+  }
+  b.scale = scale.ptr; b.scale_numel = static_cast<int64_t>(d.scalef.size());
+  b.dy = dy.ptr; b.lddy = c.N; b.dy_dtype = gc.dy_dtype;
+  if (gc.transposed) {
+    b.dy_t = dy_t.ptr; b.lddy_t = c.M;
+  }
+  b.grad_bias = gbias.ptr; b.grad_scale = gscale.ptr;
+  BackwardProblem p = d.problem(ElementType::kFloat32);
+  p.grad_dtype = gc.grad_dtype;
+  const size_t ws_bytes = cuda::backward_workspace_bytes(p);
+  Device ws(ws_bytes);
+  const Status s = cuda::backward(p, b, ws.ptr, ws_bytes, nullptr);
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Result r;
+  auto widen = [&](const Device& dev) {
+    if (gc.dy_dtype == ElementType::kBFloat16) return from_bits(dev.get<uint16_t>());
+    const auto f = dev.get<float>();
+    return std::vector<double>(f.begin(), f.end());
+  };
+  auto floats = [](const Device& dev) {
+    const auto f = dev.get<float>();
+    return std::vector<double>(f.begin(), f.end());
+  };
+  r.dy = widen(dy);
+  if (gc.transposed) r.dy_t = widen(dy_t);
+  if (c.affine) {
+    r.gamma = floats(ggamma);
+    r.beta = floats(gbeta);
+  }
+  r.bias = floats(gbias);
+  r.scale = floats(gscale);
+  return r;
+}
+
+// The CPU backward in float64 on the inputs the GPU saw (grad_out rounded to bf16 if so).
+Result reference(const BackwardData& d, const GpuCase& gc) {
+  const BackwardCase& c = d.c;
+  const std::vector<double> g = gc.grad_dtype == ElementType::kBFloat16 ? from_bits(to_bf16(d.gf))
+                                                                        : std::vector<double>(d.gf.begin(), d.gf.end());
+  const std::vector<double> y(d.yf.begin(), d.yf.end()), lse(d.lsef.begin(), d.lsef.end()),
+      mean(d.meanf.begin(), d.meanf.end()),
+      invstd(d.invstdf.begin(), d.invstdf.end()), gamma(d.gammaf.begin(), d.gammaf.end()),
+      beta(d.betaf.begin(), d.betaf.end()), scale(d.scalef.begin(), d.scalef.end());
+  Result r;
+  r.dy.assign(c.M * c.N, NAN);
+  r.gamma.assign(c.affine ? c.N : 0, NAN);
+  r.beta.assign(c.affine ? c.N : 0, NAN);
+  r.bias.assign(c.N, NAN);
+  r.scale.assign(scale.size(), NAN);
+  BackwardBuffers b;
+  b.grad_out = g.data(); b.ldg = c.N; b.y = y.data(); b.ldy = c.N;
+  b.save_mean = mean.data(); b.save_invstd = invstd.data(); b.row_lse = lse.data();
+  if (c.affine) {
+    b.gamma = gamma.data(); b.beta = beta.data(); b.grad_gamma = r.gamma.data(); b.grad_beta = r.beta.data();
+  }
+  b.param_dtype = b.scale_dtype = b.dy_dtype = b.bias_dtype = ElementType::kFloat64;
+  b.scale = scale.data(); b.scale_numel = static_cast<int64_t>(scale.size());
+  b.dy = r.dy.data(); b.lddy = c.N; b.grad_bias = r.bias.data(); b.grad_scale = r.scale.data();
+  EXPECT_TRUE(cpu::backward(d.problem(ElementType::kFloat64), b).ok());
+  return r;
+}
+
+void PrintTo(const GpuCase& g, std::ostream* os) {
+  test::PrintTo(g.c, os);
+  *os << " grad " << static_cast<int>(g.grad_dtype) << " dy " << static_cast<int>(g.dy_dtype)
+      << (g.transposed ? " +dy^T" : "");
+}
+
+class BackwardGpu : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(BackwardGpu, MatchesCpuFloat64AndIsDeterministic) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const GpuCase gc = GetParam();
+  const BackwardData d(gc.c, 21);
+  const Result got = run_gpu(d, gc), want = reference(d, gc);
+  // fp32 math over rows (sums of up to M terms) against float64; bf16 dy adds its own rounding.
+  const double dy_tol = gc.dy_dtype == ElementType::kBFloat16 ? 4e-3 : 2e-5;
+  EXPECT_LE(test::rel_norm(got.dy, want.dy), dy_tol);
+  for (double v : got.dy) ASSERT_FALSE(std::isnan(v)) << "unwritten dy element";
+  if (gc.transposed) {
+    for (int64_t i = 0; i < gc.c.M; ++i)
+      for (int64_t n = 0; n < gc.c.N; ++n)
+        ASSERT_EQ(got.dy_t[n * gc.c.M + i], got.dy[i * gc.c.N + n]) << i << "," << n;
+  }
+  if (gc.c.affine) {
+    EXPECT_LE(test::rel_norm(got.gamma, want.gamma), 2e-5);
+    EXPECT_LE(test::rel_norm(got.beta, want.beta), 2e-5);
+  }
+  EXPECT_LE(test::rel_norm(got.scale, want.scale), 2e-5);
+  if (gc.c.batch_stats) {
+    for (double v : got.bias) ASSERT_EQ(v, 0.0);
+  } else {
+    EXPECT_LE(test::rel_norm(got.bias, want.bias), 2e-5);
+  }
+  // Same inputs, same bits.
+  const Result again = run_gpu(d, gc);
+  EXPECT_EQ(std::memcmp(again.dy.data(), got.dy.data(), got.dy.size() * sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(again.scale.data(), got.scale.data(), got.scale.size() * sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(again.gamma.data(), got.gamma.data(), got.gamma.size() * sizeof(double)), 0);
+}
+
+std::string gpu_case_name(const ::testing::TestParamInfo<GpuCase>& info) {
+  const GpuCase& g = info.param;
+  auto dt = [](ElementType t) { return t == ElementType::kBFloat16 ? std::string("bf16") : std::string("fp32"); };
+  return "M" + std::to_string(g.c.M) + "N" + std::to_string(g.c.N) + (g.c.batch_stats ? "_batch" : "_running") +
+         (g.c.affine ? "" : "_noaffine") + (g.c.column_scale ? "_columnscale" : "") + "_grad" + dt(g.grad_dtype) +
+         "_dy" + dt(g.dy_dtype) + (g.transposed ? "_transposed" : "");
+}
+
+constexpr ElementType kF32 = ElementType::kFloat32, kBF16 = ElementType::kBFloat16;
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BackwardGpu,
+    ::testing::Values(GpuCase{{2, 8, true, true, false}, kF32, kF32, false},
+                      GpuCase{{37, 30, true, true, true}, kF32, kF32, true},       // scalar (non-16-byte) path
+                      GpuCase{{300, 264, true, true, false}, kBF16, kBF16, false},  // partial column strip
+                      GpuCase{{1030, 2056, true, false, false}, kF32, kF32, true},  // several row tiles, transposed
+                      GpuCase{{513, 1000, false, true, true}, kBF16, kBF16, false},
+                      GpuCase{{1024, 8192, true, true, false}, kBF16, kBF16, false},  // the headline shape
+                      GpuCase{{129, 72, true, true, true}, kF32, kBF16, false}),      // autocast: fp32 out, bf16 dy
+    gpu_case_name);
+
+}  // namespace
+}  // namespace fused
