@@ -313,11 +313,14 @@ def test_cuda_graph_training_step_matches_eager(dtype):
         graph.replay()
         step(twin, twin_opt, x, g)
     torch.cuda.synchronize()
+    # Same kernels on the same data; only cuBLAS may pick another algorithm inside a capture.
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-5)
     for (name, a), (_, b) in zip(model.named_parameters(), twin.named_parameters()):
-        assert torch.equal(a, b), name
-        assert torch.equal(a.grad, b.grad), name
-    for name in ("running_mean", "running_var", "num_batches_tracked"):
-        assert torch.equal(getattr(model.bn, name), getattr(twin.bn, name)), name
+        assert torch.allclose(a, b, **tol), name
+        assert torch.allclose(a.grad, b.grad, **tol), name
+    for name in ("running_mean", "running_var"):
+        assert torch.allclose(getattr(model.bn, name), getattr(twin.bn, name), **tol), name
+    assert model.bn.num_batches_tracked.item() == twin.bn.num_batches_tracked.item() == 3 + 4
 
 
 @pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), pytest.param("cuda", torch.float32, marks=requires_cuda),
