@@ -230,6 +230,48 @@ def train_step(model, x, g, autocast_dtype=None, optimizer=None):
     return out
 
 
+def host_ms(step, iters: int = 10):
+    """Median host time to issue one step onto an idle GPU: when it is not far below the step's GPU
+    time ("ms"), the loop is bound by the CPU (Python, dispatch, launches), not by the kernels."""
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def graph_ms(model, x, g, autocast_dtype, iters):
+    """The same step (zeroed gradients, forward, loss, backward) captured in one CUDA graph and
+    replayed: the GPU time with no host overhead and no launch gaps."""
+    params = [p for p in model.parameters() if p.grad is not None] + [x]
+
+    def body():
+        for p in params:
+            p.grad.zero_()
+        # autocast's weight cache cannot live inside a capture
+        amp = (torch.autocast("cuda", dtype=autocast_dtype, cache_enabled=False) if autocast_dtype
+               else contextlib.nullcontext())
+        with amp:
+            loss = (model(x) * g).sum()
+        loss.backward()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    med, _, _ = time_ms(graph.replay, iters)
+    del graph
+    return med
+
+
 def fresh_model(make, init_state, dtype, device):
     """make() with the shared initial state, in dtype: every impl starts from the same parameters and
     running statistics (a step mutates the latter). Built on the device: no host-side init of W."""
@@ -263,7 +305,7 @@ def grad_errors(got, want):
     return errors
 
 
-def measure_train_step(model, x, g, spec, want, iters, sgd=False, profile=False):
+def measure_train_step(model, x, g, spec, want, iters, sgd=False, profile=False, graph=False):
     """Checks one step of model against the float64 step (want), then its peak memory and time.
 
     Returns (measurements, seconds of the first step: the compile time of a torch.compile peer)."""
@@ -280,6 +322,13 @@ def measure_train_step(model, x, g, spec, want, iters, sgd=False, profile=False)
     memory = measure_memory(step, grad=True)  # after a first step: grads and optimizer state exist, as in a loop
     rec["peak_mib"], rec["large_allocs"] = memory["peak_mib"], memory["large_allocs"]
     rec["ms"], rec["ms_min"], rec["ms_max"] = time_ms(step, iters)
+    rec["host_ms"] = host_ms(step)
+    if graph and optimizer is None:
+        try:
+            rec["graph_ms"] = graph_ms(model, x, g, spec.autocast, iters)
+        except Exception as exc:  # a peer that cannot be captured: say so, keep the rest
+            rec["graph_ms"] = None
+            print(f"  graph capture failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if profile:
         rec["kernels"] = profile_kernels(step)
     return rec, first_s
@@ -334,7 +383,8 @@ def bench_train_case(case, m, n, k, mode, iters, compile_peer=True, profile=Fals
                        "ms_repeats": medians, "ms_range": [min(medians), max(medians)],
                        "compile_s": repeats[0][1], "compile_s_repeats": [s for _, s in repeats]}
             else:
-                rec, _ = measure_train_step(model(impl), x, g, spec, want, iters, sgd, profile and impl == "fused")
+                rec, _ = measure_train_step(model(impl), x, g, spec, want, iters, sgd, profile and impl == "fused",
+                                            graph=True)
         except Exception as exc:  # report, keep benchmarking the others
             print(f"  {case} {mode} {m}x{n}x{k} {impl}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
@@ -368,7 +418,7 @@ def forward_table(records):
 def train_table(records):
     """Train records as text; vs eager / vs compile > 1: this impl's step is faster than that peer's."""
     lines = [f"{'case':<16}{'mode':<15}{'M':>7}  {'impl':<9}{'ms':>9}{'vs eager':>10}{'vs compile':>11}"
-             f"{'peak MiB':>10}{'err x':>10}{'err W':>10}"]
+             f"{'graph ms':>10}{'host ms':>9}{'peak MiB':>10}{'err x':>10}{'err W':>10}"]
     base = {(r["case"], r["M"], r["N"], r["K"], r["mode"], r["impl"]): r["ms"] for r in records}
     for r in records:
         key = (r["case"], r["M"], r["N"], r["K"], r["mode"])
@@ -377,6 +427,7 @@ def train_table(records):
         err = [f"{errs[name]:.1e}" if errs.get(name) is not None else "-" for name in ("x", "weight")]
         lines.append(f"{r['case']:<16}{r['mode']:<15}{r['M']:>7}  {r['impl']:<9}{r['ms']:>9.4f}"
                      f"{e / r['ms'] if e else float('nan'):>10.2f}{c / r['ms'] if c else float('nan'):>11.2f}"
+                     f"{r.get('graph_ms') or float('nan'):>10.4f}{r.get('host_ms') or float('nan'):>9.3f}"
                      f"{r['peak_mib']:>10.0f}{err[0]:>10}{err[1]:>10}")
     return "\n".join(lines)
 

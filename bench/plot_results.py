@@ -123,10 +123,12 @@ def train_markdown(records):
     lines = ["", "Training step: zero_grad, out = block(x), loss = (out * g).sum(), backward (train-step-sgd: "
              "+ SGD momentum step); x requires grad. Median ms of the timed steps; compile: median of the "
              "per-compile medians (range over the compiles). vs: peer ms / fused ms. grad err: "
-             "‖grad − grad₆₄‖/‖grad₆₄‖.", "",
+             "‖grad − grad₆₄‖/‖grad₆₄‖. graph ms: the same step (no optimizer) replayed from one CUDA graph, "
+             "no host overhead; host ms: the CPU time to issue one step.", "",
              "| case | M | N | K | mode | fused ms | eager ms | compile ms (range) | fused vs eager | fused vs compile "
+             "| graph ms (fused / eager) | host ms (fused / eager) "
              "| peak MiB (fused / eager / compile) | grad err x (fused / eager) | grad err W (fused / eager) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in keys:
         impls = by_key[key]
         ms = {impl: r["ms"] for impl, r in impls.items()}
@@ -138,9 +140,11 @@ def train_markdown(records):
         peak = " / ".join(fmt(impls.get(impl, {}).get("peak_mib"), "%.0f") for impl in TRAIN_IMPLS)
         grad_err = {name: " / ".join(fmt((impls.get(impl, {}).get("grad_err") or {}).get(name), "%.1e")
                                      for impl in ("fused", "eager")) for name in ("x", "weight")}
+        graph = " / ".join(fmt(impls.get(impl, {}).get("graph_ms"), "%.3f") for impl in ("fused", "eager"))
+        host = " / ".join(fmt(impls.get(impl, {}).get("host_ms"), "%.3f") for impl in ("fused", "eager"))
         lines.append(f"| {' | '.join(map(str, key))} | {fmt(ms.get('fused'), '%.3f')} | "
-                     f"{fmt(ms.get('eager'), '%.3f')} | {compile_ms} | {fused_vs[0]} | {fused_vs[1]} | {peak} | "
-                     f"{grad_err['x']} | {grad_err['weight']} |")
+                     f"{fmt(ms.get('eager'), '%.3f')} | {compile_ms} | {fused_vs[0]} | {fused_vs[1]} | {graph} | "
+                     f"{host} | {peak} | {grad_err['x']} | {grad_err['weight']} |")
     for key in keys:
         fused = by_key[key].get("fused")
         if fused and fused.get("kernels"):

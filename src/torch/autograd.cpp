@@ -80,6 +80,8 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
                           training, momentum, eps, precision, path, std::nullopt, out_dtype.value_or(linear));
     bump_mutated_versions(running_mean, running_var, num_batches_tracked, training);
     ctx->mark_non_differentiable({mean, invstd, y, row_lse});
+    // No zero-filled gradients for those four (an (M, N) fill each step): the backward reads out's only.
+    ctx->set_materialize_grads(false);
 
     // Which gradients can be asked for, and the edge index of each differentiable argument
     // (edges exist for the tensor arguments that are present, in argument order).

@@ -1,32 +1,53 @@
-// Per-thread column data of the backward kernels: for the 8 columns a thread owns, the saved
-// statistics and the softmax logit's map (detail::backward_column), loaded once and kept in registers.
+// Per-column data of the backward kernels: the saved statistics and the softmax logit's map
+// (detail::backward_column), computed once per block for its 256 columns (one column per thread,
+// into shared memory), then read by each thread for the 8 columns it owns and kept in registers.
+// The map is pre-multiplied by log2(e): out = exp2(a2 (y - shift) + c2 - lse2), one MUFU.EX2.
 #pragma once
 
 #include "fused/detail/bn_math.h"
+#include "kernels/common/vec8.cuh"
 
 namespace fused::cuda::backward_steps {
 
-struct ColumnMaps {
-  float shift[8], invstd[8], a[8], c[8];
+constexpr int kBlockColumns = 256;  // columns per block of the backward kernels (32 threads x 8)
+constexpr double kLog2e = 1.4426950408889634;
 
-  // Columns >= N get zeros (their g and y read as 0, so they add nothing).
-  __device__ __forceinline__ void load(const BackwardProblem& p, const BackwardBuffers& b, int64_t col) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      detail::BackwardColumn k;
-      if (col + j < p.N) k = detail::backward_column(col + j, p, b);
-      shift[j] = static_cast<float>(k.shift);
-      invstd[j] = static_cast<float>(k.invstd);
-      a[j] = col + j < p.N ? static_cast<float>(k.a) : 0.f;
-      c[j] = static_cast<float>(k.c);
-    }
+struct SharedColumnMaps {
+  float shift[kBlockColumns], invstd[kBlockColumns], a2[kBlockColumns], c2[kBlockColumns];
+
+  // Columns [c0, c0 + 256); the block's 256 threads each fill one (columns >= N: zeros).
+  __device__ __forceinline__ void fill(const BackwardProblem& p, const BackwardBuffers& b, int64_t c0, int t) {
+    const int64_t col = c0 + t;
+    detail::BackwardColumn k;
+    if (col < p.N) k = detail::backward_column(col, p, b);
+    shift[t] = static_cast<float>(k.shift);
+    invstd[t] = static_cast<float>(k.invstd);
+    a2[t] = col < p.N ? static_cast<float>(k.a * kLog2e) : 0.f;
+    c2[t] = static_cast<float>(k.c * kLog2e);
+  }
+};
+
+// The 8 columns of one thread, in registers.
+struct ColumnMaps {
+  float shift[8], invstd[8], a2[8], c2[8];
+
+  // local: the thread's first column within the block's 256 (a multiple of 8).
+  __device__ __forceinline__ void load(const SharedColumnMaps& s, int local) {
+    util::load8<true>(s.shift, local, kBlockColumns, shift);
+    util::load8<true>(s.invstd, local, kBlockColumns, invstd);
+    util::load8<true>(s.a2, local, kBlockColumns, a2);
+    util::load8<true>(s.c2, local, kBlockColumns, c2);
   }
 
-  // out = exp(z - lse) of column j, from y.
-  __device__ __forceinline__ float softmax(int j, float y, float row_lse) const {
-    return detail::softmax_from_logit(detail::bn_logit(y, shift[j], a[j], c[j]), row_lse);
+  // The forward's softmax output of column j, recomputed from y; lse2 = row_lse * log2(e).
+  __device__ __forceinline__ float softmax(int j, float y, float lse2) const {
+    return exp2f(fmaf(a2[j], y - shift[j], c2[j]) - lse2);
   }
   __device__ __forceinline__ float xhat(int j, float y) const { return detail::bn_xhat(y, shift[j], invstd[j]); }
+  // dy's `a` (the logit map's slope), undoing the log2(e) factor.
+  __device__ __forceinline__ float slope(int j) const { return a2[j] * static_cast<float>(1.0 / kLog2e); }
 };
+
+__device__ __forceinline__ float lse2_of(float row_lse) { return row_lse * static_cast<float>(kLog2e); }
 
 }  // namespace fused::cuda::backward_steps

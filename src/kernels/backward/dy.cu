@@ -14,6 +14,7 @@ namespace {
 constexpr int kColThreads = 32;
 constexpr int kRowLanes = 8;
 constexpr int kStrip = kColThreads * 8;  // columns per block
+static_assert(kStrip == kBlockColumns, "one shared column map per block");
 constexpr int kTileRows = 32;            // rows per block tile
 constexpr int kPitch = kStrip + 4;       // shared tile row pitch: 16-byte rows, 4-way conflicts at most
 constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
@@ -22,6 +23,7 @@ template <bool kVec, class T, class TDy>
 __global__ void __launch_bounds__(kColThreads* kRowLanes)
     dy_kernel(BackwardProblem p, BackwardBuffers bufs, const float* __restrict__ r, DyCoefficients coef) {
   extern __shared__ float tile[];  // kTileRows x kPitch, only when dy_t is written
+  __shared__ SharedColumnMaps shared_maps;
   const auto* g = static_cast<const T*>(bufs.grad_out);
   const auto* y = static_cast<const float*>(bufs.y);
   const auto* lse = static_cast<const float*>(bufs.row_lse);
@@ -30,13 +32,17 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes)
   const int64_t M = p.M, N = p.N, ldg = bufs.ldg, ldy = bufs.ldy, lddy = bufs.lddy, lddy_t = bufs.lddy_t;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kStrip;
   const int64_t col = c0 + threadIdx.x * 8;
+  shared_maps.fill(p, bufs, c0, threadIdx.y * kColThreads + threadIdx.x);
+  __syncthreads();
   ColumnMaps maps;
-  float b[8] = {}, c[8] = {};
+  maps.load(shared_maps, threadIdx.x * 8);
+  float b[8] = {}, c[8] = {}, slope[8];
   if (col < N) {
-    maps.load(p, bufs, col);
     util::load8<kVec>(coef.b, col, N, b);
     util::load8<kVec>(coef.c, col, N, c);
   }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) slope[j] = maps.slope(j);
   const int64_t row_tiles = (M + kTileRows - 1) / kTileRows;
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTileRows;
@@ -48,11 +54,11 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes)
       float gv[8], yv[8], d[8];
       util::load8<kVec>(g + i * ldg, col, N, gv);
       util::load8<kVec>(y + i * ldy, col, N, yv);
-      const float ri = r[i], li = lse[i];
+      const float ri = r[i], li = lse2_of(lse[i]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float dz = detail::softmax_grad(maps.softmax(j, yv[j], li), gv[j], ri);
-        d[j] = fmaf(maps.a[j], dz, fmaf(b[j], maps.xhat(j, yv[j]), c[j]));
+        d[j] = fmaf(slope[j], dz, fmaf(b[j], maps.xhat(j, yv[j]), c[j]));
       }
       if (dy != nullptr) util::store8<kVec>(dy + i * lddy, col, N, d);
       if (dy_t != nullptr) {

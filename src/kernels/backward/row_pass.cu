@@ -15,27 +15,35 @@ namespace {
 constexpr int kColThreads = 32;  // x: 8 columns each
 constexpr int kRowLanes = 8;     // y: rows strided by 8
 constexpr int kStrip = kColThreads * 8;
+static_assert(kStrip == kBlockColumns, "one shared column map per block");
 constexpr int kRowDotRows = 64;  // rows per [B1] block
 constexpr int kRowsPerLane = kRowDotRows / kRowLanes;
 constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
 
 template <bool kVec, class T>
-__global__ void __launch_bounds__(kColThreads* kRowLanes)
+__global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
     row_dot_kernel(BackwardProblem p, BackwardBuffers b, int64_t strip_width, float* __restrict__ r_part,
                    unsigned* counter) {
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *counter = 0u;
+  __shared__ SharedColumnMaps shared_maps;
+  const int t = threadIdx.y * kColThreads + threadIdx.x;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && t == 0) *counter = 0u;
   const auto* g = static_cast<const T*>(b.grad_out);
   const auto* y = static_cast<const float*>(b.y);
   const auto* lse = static_cast<const float*>(b.row_lse);
   const int64_t c_begin = static_cast<int64_t>(blockIdx.x) * strip_width;
   const int64_t c_end = c_begin + strip_width < p.N ? c_begin + strip_width : p.N;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowDotRows + threadIdx.y;
-  float acc[kRowsPerLane] = {}, row_lse[kRowsPerLane];
+  float acc[kRowsPerLane] = {}, lse2[kRowsPerLane];
 #pragma unroll
-  for (int k = 0; k < kRowsPerLane; ++k) row_lse[k] = r0 + k * kRowLanes < p.M ? lse[r0 + k * kRowLanes] : 0.f;
-  for (int64_t col = c_begin + threadIdx.x * 8; col < c_end; col += kStrip) {
+  for (int k = 0; k < kRowsPerLane; ++k) lse2[k] = r0 + k * kRowLanes < p.M ? lse2_of(lse[r0 + k * kRowLanes]) : 0.f;
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += kStrip) {
+    __syncthreads();  // the previous chunk's maps are no longer read
+    shared_maps.fill(p, b, c0, t);
+    __syncthreads();
+    const int64_t col = c0 + threadIdx.x * 8;
+    if (col >= c_end) continue;
     ColumnMaps maps;
-    maps.load(p, b, col);
+    maps.load(shared_maps, threadIdx.x * 8);
 #pragma unroll
     for (int k = 0; k < kRowsPerLane; ++k) {
       const int64_t i = r0 + k * kRowLanes;
@@ -44,7 +52,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes)
       util::load8<kVec>(g + i * b.ldg, col, c_end, gv);
       util::load8<kVec>(y + i * b.ldy, col, c_end, yv);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[k] = fmaf(gv[j], maps.softmax(j, yv[j], row_lse[k]), acc[k]);
+      for (int j = 0; j < 8; ++j) acc[k] = fmaf(gv[j], maps.softmax(j, yv[j], lse2[k]), acc[k]);
     }
   }
 #pragma unroll
@@ -57,15 +65,19 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes)
   }
 }
 
+// Blocks run in reverse order of [B1]'s (last row tile and column strip first): what [B1] read last
+// is still in L2 when this pass starts.
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
     grad_partials_kernel(BackwardProblem p, BackwardBuffers b, const float* __restrict__ r_part, int num_strips,
                          float* __restrict__ r, GradPartials partials) {
-  __shared__ float r_tile[kMaxRowTile], lse_tile[kMaxRowTile];
+  __shared__ float r_tile[kMaxRowTile], lse2_tile[kMaxRowTile];
+  __shared__ SharedColumnMaps shared_maps;
   const auto* g = static_cast<const T*>(b.grad_out);
   const auto* y = static_cast<const float*>(b.y);
   const auto* lse = static_cast<const float*>(b.row_lse);
-  const int64_t tile = blockIdx.y;
+  const int64_t strip = gridDim.x - 1 - blockIdx.x;
+  const int64_t tile = gridDim.y - 1 - blockIdx.y;
   const int64_t r0 = tile * partials.row_tile;
   const int rows = static_cast<int>(detail::row_tile_count(p.M, partials.row_tile, tile));
   const int t = threadIdx.y * kColThreads + threadIdx.x;
@@ -73,22 +85,23 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
     float sum = 0.f;
     for (int s = 0; s < num_strips; ++s) sum += r_part[s * p.M + r0 + i];
     r_tile[i] = sum;
-    lse_tile[i] = lse[r0 + i];
-    if (blockIdx.x == 0) r[r0 + i] = sum;  // for [B4]
+    lse2_tile[i] = lse2_of(lse[r0 + i]);
+    if (strip == 0) r[r0 + i] = sum;  // for [B4]
   }
+  shared_maps.fill(p, b, strip * kStrip, t);
   __syncthreads();
 
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kStrip + threadIdx.x * 8;
+  const int64_t col = strip * kStrip + threadIdx.x * 8;
   float s1[8] = {}, s2[8] = {};
   if (col < p.N) {
     ColumnMaps maps;
-    maps.load(p, b, col);
+    maps.load(shared_maps, threadIdx.x * 8);
 #pragma unroll 2
     for (int i = threadIdx.y; i < rows; i += kRowLanes) {
       float gv[8], yv[8];
       util::load8<kVec>(g + (r0 + i) * b.ldg, col, p.N, gv);
       util::load8<kVec>(y + (r0 + i) * b.ldy, col, p.N, yv);
-      const float ri = r_tile[i], li = lse_tile[i];
+      const float ri = r_tile[i], li = lse2_tile[i];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float dz = detail::softmax_grad(maps.softmax(j, yv[j], li), gv[j], ri);
@@ -104,7 +117,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
     sh2[threadIdx.y][threadIdx.x * 8 + j] = s2[j];
   }
   __syncthreads();
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kStrip + t;  // one column of the strip per thread
+  const int64_t c = strip * kStrip + t;  // one column of the strip per thread
   if (c < p.N) {
     float a = 0.f, bsum = 0.f;
 #pragma unroll
