@@ -244,13 +244,12 @@ def host_ms(step, iters: int = 10):
 
 
 def graph_ms(model, x, g, autocast_dtype, iters):
-    """The same step (zeroed gradients, forward, loss, backward) captured in one CUDA graph and
-    replayed: the GPU time with no host overhead and no launch gaps."""
-    params = [p for p in model.parameters() if p.grad is not None] + [x]
-
+    """The same step (forward, loss, backward into gradients set to None) captured in one CUDA graph
+    and replayed: the GPU time with no host overhead and no launch gaps. As in PyTorch's whole-network
+    capture, the gradients are None before the capture, so its backward allocates them (static)."""
     def body():
-        for p in params:
-            p.grad.zero_()
+        model.zero_grad(set_to_none=True)
+        x.grad = None
         # autocast's weight cache cannot live inside a capture
         amp = (torch.autocast("cuda", dtype=autocast_dtype, cache_enabled=False) if autocast_dtype
                else contextlib.nullcontext())
@@ -265,6 +264,8 @@ def graph_ms(model, x, g, autocast_dtype, iters):
             body()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=True)
+    x.grad = None
     with torch.cuda.graph(graph):
         body()
     med, _, _ = time_ms(graph.replay, iters)

@@ -281,16 +281,15 @@ def test_gradients_bitwise_identical_across_runs(mode, path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_cuda_graph_training_step_matches_eager(dtype):
     """Forward + backward + optimizer step captured in one CUDA graph, replayed on new data, against
-    the same steps run eagerly: parameters, gradients and running statistics agree."""
+    the same steps run eagerly: gradients after every step, then parameters and running statistics."""
     torch.manual_seed(0)
     m, n, k = 64, 48, 32
     model = gbs.FusedGemmBNSoftmax(k, n).cuda().to(dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     static_x = torch.rand(m, k, device="cuda", dtype=dtype)
     static_g = torch.randn(m, n, device="cuda", dtype=dtype)
 
     def step(mod, optimizer, x, g):
-        optimizer.zero_grad(set_to_none=False)
         (mod(x) * g).sum().backward()
         optimizer.step()
 
@@ -298,26 +297,28 @@ def test_cuda_graph_training_step_matches_eager(dtype):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):  # warm-up: allocations and cuBLAS handles outside the capture
+            opt.zero_grad(set_to_none=True)
             step(model, opt, static_x, static_g)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)  # the capture's backward allocates the (static) gradients
     with torch.cuda.graph(graph):
         step(model, opt, static_x, static_g)
-    twin = copy.deepcopy(model)
-    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
-    twin_opt.load_state_dict(opt.state_dict())
+    twin = copy.deepcopy(model)  # the parameters after the warm-up (a capture runs nothing)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    # Same kernels on the same data; only cuBLAS may pick another algorithm inside a capture.
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-5)
     for _ in range(4):
         x, g = torch.rand(m, k, device="cuda", dtype=dtype), torch.randn(m, n, device="cuda", dtype=dtype)
         static_x.copy_(x)
         static_g.copy_(g)
         graph.replay()
+        twin_opt.zero_grad(set_to_none=True)
         step(twin, twin_opt, x, g)
-    torch.cuda.synchronize()
-    # Same kernels on the same data; only cuBLAS may pick another algorithm inside a capture.
-    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-5)
+        for (name, a), (_, b) in zip(model.named_parameters(), twin.named_parameters()):
+            assert torch.allclose(a.grad, b.grad, **tol), name
     for (name, a), (_, b) in zip(model.named_parameters(), twin.named_parameters()):
         assert torch.allclose(a, b, **tol), name
-        assert torch.allclose(a.grad, b.grad, **tol), name
     for name in ("running_mean", "running_var"):
         assert torch.allclose(getattr(model.bn, name), getattr(twin.bn, name), **tol), name
     assert model.bn.num_batches_tracked.item() == twin.bn.num_batches_tracked.item() == 3 + 4

@@ -20,7 +20,7 @@ constexpr int kPitch = kStrip + 4;       // shared tile row pitch: 16-byte rows,
 constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
 
 template <bool kVec, class T, class TDy>
-__global__ void __launch_bounds__(kColThreads* kRowLanes)
+__global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
     dy_kernel(BackwardProblem p, BackwardBuffers bufs, const float* __restrict__ r, DyCoefficients coef) {
   extern __shared__ float tile[];  // kTileRows x kPitch, only when dy_t is written
   __shared__ SharedColumnMaps shared_maps;
@@ -46,25 +46,39 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes)
   const int64_t row_tiles = (M + kTileRows - 1) / kTileRows;
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTileRows;
+    constexpr int kRows = kTileRows / kRowLanes;  // rows per thread
+    constexpr int kBatch = 2;                      // rows whose loads are in flight together
 #pragma unroll
-    for (int k = 0; k < kTileRows / kRowLanes; ++k) {
-      const int local = threadIdx.y + k * kRowLanes;
-      const int64_t i = r0 + local;
-      if (i >= M || col >= N) continue;
-      float gv[8], yv[8], d[8];
-      util::load8<kVec>(g + i * ldg, col, N, gv);
-      util::load8<kVec>(y + i * ldy, col, N, yv);
-      const float ri = r[i], li = lse2_of(lse[i]);
+    for (int k0 = 0; k0 < kRows; k0 += kBatch) {
+      float gv[kBatch][8] = {}, yv[kBatch][8] = {};
+      if (col < N) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float dz = detail::softmax_grad(maps.softmax(j, yv[j], li), gv[j], ri);
-        d[j] = fmaf(slope[j], dz, fmaf(b[j], maps.xhat(j, yv[j]), c[j]));
+        for (int u = 0; u < kBatch; ++u) {
+          // rows past M read the last row (no branch between the loads); nothing is stored for them
+          const int64_t i = r0 + threadIdx.y + (k0 + u) * kRowLanes;
+          const int64_t iv = i < M ? i : M - 1;
+          util::load8<kVec>(g + iv * ldg, col, N, gv[u]);
+          util::load8<kVec>(y + iv * ldy, col, N, yv[u]);
+        }
       }
-      if (dy != nullptr) util::store8<kVec>(dy + i * lddy, col, N, d);
-      if (dy_t != nullptr) {
-        float4* dst = reinterpret_cast<float4*>(tile + local * kPitch + threadIdx.x * 8);
-        dst[0] = make_float4(d[0], d[1], d[2], d[3]);
-        dst[1] = make_float4(d[4], d[5], d[6], d[7]);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int local = threadIdx.y + (k0 + u) * kRowLanes;
+        const int64_t i = r0 + local;
+        if (i >= M || col >= N) continue;
+        const float ri = r[i], li = lse2_of(lse[i]);
+        float d[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li), gv[u][j], ri);
+          d[j] = fmaf(slope[j], dz, fmaf(b[j], maps.xhat(j, yv[u][j]), c[j]));
+        }
+        if (dy != nullptr) util::store8<kVec>(dy + i * lddy, col, N, d);
+        if (dy_t != nullptr) {
+          float4* dst = reinterpret_cast<float4*>(tile + local * kPitch + threadIdx.x * 8);
+          dst[0] = make_float4(d[0], d[1], d[2], d[3]);
+          dst[1] = make_float4(d[4], d[5], d[6], d[7]);
+        }
       }
     }
     if (dy_t == nullptr) continue;

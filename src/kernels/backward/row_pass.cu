@@ -19,6 +19,10 @@ static_assert(kStrip == kBlockColumns, "one shared column map per block");
 constexpr int kRowDotRows = 64;  // rows per [B1] block
 constexpr int kRowsPerLane = kRowDotRows / kRowLanes;
 constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
+constexpr int kRowBatch = 2;           // rows whose loads are in flight together, per thread
+
+// A row index that is always valid to read: rows past the end read the last row (masked later).
+__device__ __forceinline__ int64_t clamp_row(int64_t i, int64_t rows) { return i < rows ? i : rows - 1; }
 
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
@@ -45,14 +49,23 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
     ColumnMaps maps;
     maps.load(shared_maps, threadIdx.x * 8);
 #pragma unroll
-    for (int k = 0; k < kRowsPerLane; ++k) {
-      const int64_t i = r0 + k * kRowLanes;
-      if (i >= p.M) break;
-      float gv[8], yv[8];
-      util::load8<kVec>(g + i * b.ldg, col, c_end, gv);
-      util::load8<kVec>(y + i * b.ldy, col, c_end, yv);
+    for (int k0 = 0; k0 < kRowsPerLane; k0 += kRowBatch) {
+      // Loads of a batch of rows first (rows past M read the last row: no branch between the loads),
+      // then the math, masked.
+      float gv[kRowBatch][8], yv[kRowBatch][8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[k] = fmaf(gv[j], maps.softmax(j, yv[j], lse2[k]), acc[k]);
+      for (int u = 0; u < kRowBatch; ++u) {
+        const int64_t i = clamp_row(r0 + (k0 + u) * kRowLanes, p.M);
+        util::load8<kVec>(g + i * b.ldg, col, c_end, gv[u]);
+        util::load8<kVec>(y + i * b.ldy, col, c_end, yv[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowBatch; ++u) {
+        if (r0 + (k0 + u) * kRowLanes >= p.M) continue;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          acc[k0 + u] = fmaf(gv[u][j], maps.softmax(j, yv[u][j], lse2[k0 + u]), acc[k0 + u]);
+      }
     }
   }
 #pragma unroll
@@ -96,17 +109,25 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
   if (col < p.N) {
     ColumnMaps maps;
     maps.load(shared_maps, threadIdx.x * 8);
-#pragma unroll 2
-    for (int i = threadIdx.y; i < rows; i += kRowLanes) {
-      float gv[8], yv[8];
-      util::load8<kVec>(g + (r0 + i) * b.ldg, col, p.N, gv);
-      util::load8<kVec>(y + (r0 + i) * b.ldy, col, p.N, yv);
-      const float ri = r_tile[i], li = lse2_tile[i];
+    for (int i0 = threadIdx.y; i0 < rows; i0 += kRowBatch * kRowLanes) {
+      float gv[kRowBatch][8], yv[kRowBatch][8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float dz = detail::softmax_grad(maps.softmax(j, yv[j], li), gv[j], ri);
-        s1[j] += dz;
-        s2[j] = fmaf(dz, maps.xhat(j, yv[j]), s2[j]);
+      for (int u = 0; u < kRowBatch; ++u) {
+        const int64_t i = r0 + clamp_row(i0 + u * kRowLanes, rows);
+        util::load8<kVec>(g + i * b.ldg, col, p.N, gv[u]);
+        util::load8<kVec>(y + i * b.ldy, col, p.N, yv[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowBatch; ++u) {
+        const int i = i0 + u * kRowLanes;
+        if (i >= rows) continue;
+        const float ri = r_tile[i], li = lse2_tile[i];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li), gv[u][j], ri);
+          s1[j] += dz;
+          s2[j] = fmaf(dz, maps.xhat(j, yv[u][j]), s2[j]);
+        }
       }
     }
   }
