@@ -11,7 +11,7 @@ import argparse
 import re
 import sys
 
-# Ceilings measured on the H200 (design.md §3): TFLOP/s of a bare GEMM, and copy bandwidth.
+# Ceilings measured on the H200 (bench/NOTES.md): TFLOP/s of a bare GEMM, and copy bandwidth.
 TENSOR_TFLOPS = {"bf16": 786.0, "fp16": 786.0, "tf32": 429.0}
 COPY_TBPS = 4.17
 METRIC = re.compile(r"^ {4}(\S.*?\S)\s{2,}(?:(\S+(?: \S+)?)\s{2,})?(\S+)\s*$")

@@ -1,4 +1,4 @@
-// The BatchNorm part of the contract (design.md §1), shared by every path: the partial
+// The BatchNorm part of the contract (nn.BatchNorm1d's semantics), shared by every path: the partial
 // statistics format, the BN arguments, and the folded per-column affine map.
 #pragma once
 

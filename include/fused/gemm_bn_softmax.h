@@ -4,7 +4,7 @@
 //   mu, var = batch statistics of y  (training, or no running stats) else running stats
 //   out = softmax(scale * (gamma * (y - mu) * rsqrt(var + eps) + beta), dim=1)
 //
-// Data flow on CUDA (design.md §2):
+// Data flow on CUDA:
 //   [1] y and per-row-tile column partials: the sm90 GEMM with its statistics epilogue
 //       (GemmPath::kSm90), or y written by the caller (cuBLAS) + column_partials()
 //       (GemmPath::kExternal)

@@ -1,4 +1,5 @@
-"""The reference block (mirrors shared/reference_model.py): Linear -> BatchNorm1d -> scale -> Softmax(dim=1).
+"""The reference block, in plain PyTorch modules: Linear -> BatchNorm1d -> scale -> Softmax(dim=1)
+(KernelBench level-2 problem 84's model).
 
 Used by the CLI, tests and benchmarks as the eager baseline; FusedGemmBNSoftmax loads its state_dict.
 """

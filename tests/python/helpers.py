@@ -1,12 +1,12 @@
-"""Reference computations for the tests: the reference model (shared/reference_model.py
-semantics) run in float64 on the same (rounded) parameters and inputs."""
+"""Reference computations for the tests: the reference model (gemm_bn_softmax.reference,
+nn.Linear -> nn.BatchNorm1d -> scale -> nn.Softmax(1) semantics) run in float64 on the same (rounded) parameters and inputs."""
 import copy
 
 import torch
 
 from gemm_bn_softmax.reference import ReferenceModel
 
-# Norm-wise relative error bounds vs float64 (design.md §2 accuracy table).
+# Norm-wise relative error bounds vs float64: the accuracy contract (README, "Accuracy").
 TOL = {torch.float32: 1e-5, "tf32": 5e-4, torch.bfloat16: 7e-3, torch.float16: 1e-3}
 # Running statistics are stored in the module's dtype.
 STAT_TOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}

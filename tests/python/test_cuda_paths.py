@@ -1,4 +1,4 @@
-"""CUDA paths (sm90 and generic) against the reference model, the accuracy table of design.md §2,
+"""CUDA paths (sm90 and generic) against the reference model, the accuracy contract (README),
 determinism and dispatch. Skips without a GPU; sm90 cases skip without a Hopper GPU."""
 import pytest
 import torch
@@ -77,7 +77,7 @@ def test_no_bias_affine_off_per_column_scale(path):
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_accuracy_table_headline(mode):
-    """design.md §2: rel error vs float64 on the headline shape, x ~ U[0,1), default init."""
+    """The accuracy contract: rel error vs float64 on the headline shape, x ~ U[0,1), default init."""
     dtype, precision = MODES[mode]
     torch.manual_seed(0)
     m, n, k = 1024, 8192, 8192
