@@ -16,7 +16,7 @@
 // Data flow on CUDA, all stream-ordered, deterministic (fixed reduction orders, no atomics on data):
 //   [B1] row pass:        partial sums of r_i over column strips (at most 32 per row)
 //   [B2] column partials: r_i (the strips summed in order), then per row tile S1 and S2 of each column
-//   [B3] column finalize: merges the partials in tile order -> the parameter gradients and A, B, C
+//   [B3] column finalize: merges the partials in tile order -> the parameter gradients and dy's b, c
 //   [B4] dy pass:         dy in the GEMM's input dtype, and/or dy^T (TF32 GEMMs need K-major operands)
 // The CPU implementation follows the same steps in double precision. Every step reads y, never out.
 #pragma once
@@ -75,7 +75,7 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, const Parall
 namespace cuda {
 // Device workspace for backward(), 256-byte aligned pointer expected:
 //   r and its strip partials (33 M floats at most), S1 and S2 partials (2 * ceil(M / row_tile) * N
-//   floats, row_tile 64..1024 rows), A, B, C (3 N floats), per-block d_scale sums and a counter.
+//   floats, row_tile 64..1024 rows), dy's b and c (2 N floats), per-block d_scale sums and a counter.
 // Headline problem (M = 1024, N = 8192): about 1.2 MiB.
 std::size_t backward_workspace_bytes(const BackwardProblem& p);
 // [B1]..[B4], stream-ordered on `stream`, no host synchronisation. stats_dtype must be fp32 and
