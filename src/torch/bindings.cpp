@@ -57,9 +57,12 @@ template <std::string (*Impl)(const OpArgs&)>
 std::string path_entry(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
                        const OptString& precision, const OptString& path) {
   const OptTensor none;
-  const at::Tensor scale = at::ones({1}, x.options().dtype(at::kFloat));
-  // Path selection does not depend on the BN arguments: a training problem with M >= 2 rows.
-  return Impl(OpArgs{x, weight, bias, none, none, none, none, none, scale, /*training=*/x.size(0) > 1, 0.1, 1e-5,
+  const auto f32 = x.options().dtype(at::kFloat);
+  const at::Tensor scale = at::ones({1}, f32);
+  // Path selection does not depend on the BN arguments: stand in an eval problem with running
+  // statistics, which takes any batch size (a batch of 1 included).
+  const OptTensor running = at::zeros({weight.size(0)}, f32);
+  return Impl(OpArgs{x, weight, bias, none, none, running, running, none, scale, /*training=*/false, 0.1, 1e-5,
                      precision, path, std::nullopt, std::nullopt});
 }
 

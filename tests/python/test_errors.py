@@ -102,3 +102,18 @@ def test_functional_scale_type_error():
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only behaviour")
 def test_dispatch_path_cpu():
     assert gbs.dispatch_path(torch.rand(4, 3), torch.rand(2, 3)) == "cpu"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dispatch_path_takes_a_batch_of_one(device):
+    """The path does not depend on the batch statistics rule: M = 1 (eval) has a path too."""
+    assert gbs.dispatch_path(torch.rand(1, 8, device=device), torch.rand(4, 8, device=device)) in (
+        "cpu", "sm90", "generic")
+
+
+@pytest.mark.parametrize("path", ["sm90", "generic"])
+def test_forcing_a_cuda_path_with_cpu_tensors_raises(path):
+    with pytest.raises(RuntimeError, match="forces a CUDA path"):
+        gbs.gemm_bn_softmax(torch.rand(4, 3), torch.rand(2, 3), path=path)
+    with pytest.raises(RuntimeError, match="forces a CUDA path"):
+        gbs.dispatch_path(torch.rand(4, 3), torch.rand(2, 3), path=path)
