@@ -151,10 +151,7 @@ def _run(args, device: torch.device, m: int, n: int, k: int, dtype: torch.dtype)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 
-    try:
-        path = dispatch_path(xd, fused.gemm.weight, fused.gemm.bias, precision=precision)
-    except ValueError:  # dispatch_path assumes batch statistics, which a batch of 1 (--eval) does not use
-        path = "cpu" if device.type == "cpu" else "unknown for M=1"
+    path = dispatch_path(xd, fused.gemm.weight, fused.gemm.bias, precision=precision)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     flops = 2.0 * m * n * k
     print(f"device {name} | {args.dtype} | M={m} N={n} K={k} | {'eval' if args.eval else 'training'} | path {path}")
