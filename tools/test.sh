@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install what is missing, configure with the tests on, build
 # everything (CUDA kernels too when nvcc is found), then run ctest (C++ tests; GPU cases skip
-# without a GPU) and pytest. Finding zero tests in either is a failure.
+# without a GPU) and pytest. Finding zero tests in either is a failure. Then the examples, as a
+# user runs them: the C++ library installed into a temporary prefix (cmake --install) and
+# examples/cpp built against it with find_package, and examples/python with the package from python/.
 # Installs when missing: torch, nvidia-cutlass, cmake, ninja, pytest, numpy (pip), and googletest
 # (apt-get install libgtest-dev when run as root; otherwise it says what to install).
 # Environment:
@@ -27,6 +29,14 @@ have_googletest() {
   done
   return 1
 }
+# Runs a command with its output kept in a log, shown only when it fails.
+quietly() {
+  local log
+  log=$(mktemp)
+  "$@" >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
+  rm -f "$log"
+}
+
 if ! have_googletest; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     echo "$ME: googletest not found; installing libgtest-dev with apt-get"
@@ -50,6 +60,14 @@ echo "$ME: build took $(( $(date +%s) - start )) s"
 
 echo "$ME: ctest"
 ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS"
+echo "$ME: examples/cpp against the installed library (cmake --install into a temporary prefix, find_package)"
+example_dir=$(mktemp -d)
+trap 'rm -rf "$example_dir"' EXIT
+quietly cmake --install "$BUILD_DIR" --prefix "$example_dir/prefix"
+quietly cmake -S examples/cpp -B "$example_dir/build" -G Ninja -DCMAKE_PREFIX_PATH="$example_dir/prefix"
+quietly cmake --build "$example_dir/build"
+"$example_dir/build/forward_backward_cpu"
+
 echo "$ME: pytest"
 rc=0
 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q tests/python ${PYTEST_ARGS:-} || rc=$?
@@ -58,4 +76,6 @@ if [ "$rc" -eq 5 ]; then
   exit 1
 fi
 [ "$rc" -eq 0 ] || exit "$rc"
+echo "$ME: examples/python/train_classifier_head.py"
+PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" examples/python/train_classifier_head.py
 echo "$ME: all tests passed in $(( $(date +%s) - start )) s"
