@@ -6,7 +6,23 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .functional import gemm_bn_softmax
+from .functional import ScaleLike, gemm_bn_softmax
+
+
+def run_block(x: torch.Tensor, linear: nn.Linear, bn: nn.BatchNorm1d, scale: ScaleLike, training: bool,
+              precision: Optional[str] = None) -> torch.Tensor:
+    """softmax(scale * bn(linear(x)), dim=1) by the fused op, with the modules' own parameters and
+    buffers and nn.BatchNorm1d's rules for them in this training mode: running statistics are
+    passed unless training without tracking them, and num_batches_tracked only when training with
+    them (the op then increments it, and momentum=None averages cumulatively)."""
+    track = bn.track_running_stats
+    return gemm_bn_softmax(
+        x, linear.weight, linear.bias, bn.weight, bn.bias,
+        bn.running_mean if (not training or track) else None,
+        bn.running_var if (not training or track) else None,
+        scale, training=training, momentum=bn.momentum, eps=bn.eps,
+        num_batches_tracked=bn.num_batches_tracked if (training and track) else None,
+        precision=precision)
 
 
 class FusedGemmBNSoftmax(nn.Module):
@@ -58,14 +74,7 @@ class FusedGemmBNSoftmax(nn.Module):
             # nn.BatchNorm1d would silently fall back to batch statistics here
             raise ValueError("FusedGemmBNSoftmax: bn.track_running_stats is True but bn.running_mean / "
                              "bn.running_var is None; restore them or set track_running_stats=False")
-        return gemm_bn_softmax(
-            x, self.gemm.weight, self.gemm.bias, bn.weight, bn.bias,
-            # nn.BatchNorm1d passes running stats unless training without tracking
-            bn.running_mean if (not self.training or bn.track_running_stats) else None,
-            bn.running_var if (not self.training or bn.track_running_stats) else None,
-            self.scale, training=self.training, momentum=bn.momentum, eps=bn.eps,
-            num_batches_tracked=bn.num_batches_tracked if (self.training and bn.track_running_stats) else None,
-            precision=self.precision)
+        return run_block(x, self.gemm, bn, self.scale, training=self.training, precision=self.precision)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.gemm.in_features}, out_features={self.gemm.out_features}, "

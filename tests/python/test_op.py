@@ -142,7 +142,7 @@ def test_noncontiguous_and_offset_views_are_correct(device):
     assert rel_err(got, functional_ref64(x, w, b)[0]) <= 1e-5
 
 
-def test_convert_swaps_reference_blocks_and_sequentials():
+def test_convert_fuses_reference_blocks_and_sequentials_in_place():
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.ReLU(),
@@ -154,11 +154,12 @@ def test_convert_swaps_reference_blocks_and_sequentials():
     import copy
 
     want = copy.deepcopy(model)(x)
+    keys = list(model.state_dict())
     converted = gbs.convert(model)
-    assert isinstance(converted[1], gbs.FusedGemmBNSoftmax)
-    assert isinstance(converted[2][0], gbs.FusedGemmBNSoftmax) and len(converted[2]) == 1
+    assert converted is model and list(model.state_dict()) == keys  # in place; same modules and keys
+    assert [b.module for b in model.gemm_bn_softmax_report.replaced] == ["1", "2"]
     with torch.no_grad():
-        got = converted(x)
+        got = model(x)
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
