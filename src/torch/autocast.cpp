@@ -15,12 +15,6 @@
 namespace fused::torch_op {
 namespace {
 
-const c10::TypedOperatorHandle<ForwardSignature>& forward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("fused::gemm_bn_softmax", "").typed<ForwardSignature>();
-  return op;
-}
-
 at::ScalarType eager_out_dtype(c10::DeviceType device, at::ScalarType linear, const at::Tensor& scale) {
   if (device == c10::DeviceType::CUDA) return at::kFloat;
   return at::result_type(scale, at::empty({0}, at::TensorOptions().dtype(linear).device(at::kMeta)));

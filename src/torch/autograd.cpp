@@ -12,7 +12,6 @@
 // than out rounded to its dtype); x (in the compute dtype) only when weight needs a gradient,
 // weight only when x does. The backward of the
 // backward is not implemented: differentiating through it raises (never a silently wrong result).
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -27,19 +26,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-const c10::TypedOperatorHandle<ForwardSignature>& forward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("fused::gemm_bn_softmax", "").typed<ForwardSignature>();
-  return op;
-}
-
-const c10::TypedOperatorHandle<BackwardSignature>& backward_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused::gemm_bn_softmax_backward", "")
-                             .typed<BackwardSignature>();
-  return op;
-}
 
 bool defined(const OptTensor& t) { return t.has_value() && t->defined(); }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <array>
 #include <optional>
@@ -32,5 +33,20 @@ using BackwardSignature = OptGrads(const at::Tensor&, const at::Tensor&, const a
                                    const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
                                    const OptTensor&, const at::Tensor&, bool, std::array<bool, 6>, const OptString&,
                                    OptDtype);
+
+// The ops through the dispatcher, for kernels that call them again below their own key (Autograd,
+// Autocast).
+inline const c10::TypedOperatorHandle<ForwardSignature>& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fused::gemm_bn_softmax", "").typed<ForwardSignature>();
+  return op;
+}
+
+inline const c10::TypedOperatorHandle<BackwardSignature>& backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fused::gemm_bn_softmax_backward", "")
+                             .typed<BackwardSignature>();
+  return op;
+}
 
 }  // namespace fused::torch_op
