@@ -21,6 +21,10 @@ struct DyCoefficients {
   float* c = nullptr;
 };
 
+// Whether grad_out and y allow the kernels' 16-byte accesses: 16-byte aligned rows and whole groups of
+// 8 columns (else the element-by-element fallback runs).
+bool inputs_vectorizable(const BackwardProblem& p, const BackwardBuffers& b);
+
 // Rows per partials tile: enough tiles to fill the GPU, few enough that the finalize stays cheap.
 int64_t grad_partials_row_tile(int64_t M);
 

@@ -93,12 +93,10 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
   }
 }
 
+// The inputs' rule, and 16-byte aligned rows of dy for its 16-byte stores.
 bool vectorizable(const BackwardProblem& p, const BackwardBuffers& b) {
-  const int64_t g_per16 = 16 / static_cast<int64_t>(element_size(p.grad_dtype));
   const int64_t dy_per16 = 16 / static_cast<int64_t>(element_size(b.dy_dtype));
-  return p.N % 8 == 0 && b.ldg % g_per16 == 0 && b.ldy % 4 == 0 &&
-         (b.dy == nullptr || (b.lddy % dy_per16 == 0 && util::aligned16(b.dy))) && util::aligned16(b.grad_out) &&
-         util::aligned16(b.y);
+  return inputs_vectorizable(p, b) && (b.dy == nullptr || (b.lddy % dy_per16 == 0 && util::aligned16(b.dy)));
 }
 
 }  // namespace

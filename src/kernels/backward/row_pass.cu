@@ -151,14 +151,13 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
   }
 }
 
-// The 16-byte paths need 16-byte aligned rows and whole groups of 8 columns.
-bool vectorizable(const BackwardProblem& p, const BackwardBuffers& b) {
+}  // namespace
+
+bool inputs_vectorizable(const BackwardProblem& p, const BackwardBuffers& b) {
   const int64_t g_per16 = 16 / static_cast<int64_t>(element_size(p.grad_dtype));
   return p.N % 8 == 0 && b.ldg % g_per16 == 0 && b.ldy % 4 == 0 && util::aligned16(b.grad_out) &&
          util::aligned16(b.y);
 }
-
-}  // namespace
 
 int64_t grad_partials_row_tile(int64_t M) {
   // 16 tiles per column strip up to M = 16384 (row tiles of 64..1024 rows), then 1024-row tiles.
@@ -178,7 +177,7 @@ Status row_dot(const BackwardProblem& p, const BackwardBuffers& b, float* r_part
   if (row_blocks > 65535) return {StatusCode::kNotSupported, "backward row pass: more than 65535 * 64 rows"};
   const dim3 grid(static_cast<unsigned>(util::ceil_div(p.N, width)), static_cast<unsigned>(row_blocks));
   const dim3 block(kColThreads, kRowLanes);
-  const bool vec = vectorizable(p, b);
+  const bool vec = inputs_vectorizable(p, b);
   return util::with_cuda_type(p.grad_dtype, [&](auto tag) {
     using T = decltype(tag);
     if (vec) {
@@ -199,7 +198,7 @@ Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const f
   const int strips = static_cast<int>(util::ceil_div(p.N, row_strip_width(p.N)));
   const dim3 grid(static_cast<unsigned>(util::ceil_div(p.N, kStrip)), static_cast<unsigned>(partials.num_row_tiles));
   const dim3 block(kColThreads, kRowLanes);
-  const bool vec = vectorizable(p, b);
+  const bool vec = inputs_vectorizable(p, b);
   return util::with_cuda_type(p.grad_dtype, [&](auto tag) {
     using T = decltype(tag);
     if (vec) {
