@@ -26,6 +26,12 @@ FUSED_HOST_DEVICE constexpr bool batch_norm_uses_batch_stats(bool training, bool
   return training || !has_running_stats;
 }
 
+// nn.BatchNorm1d's other rule: batch statistics over a single row are refused (it has no variance).
+FUSED_HOST_DEVICE constexpr bool batch_norm_batch_too_small(int64_t M, bool uses_batch_stats) {
+  return uses_batch_stats && M == 1;
+}
+#define FUSED_BATCH_TOO_SMALL_MESSAGE "Expected more than 1 value per channel when training"
+
 // BatchNorm1d arguments. All pointers live in the memory space of the entry point they are
 // passed to (device memory for fused::cuda, host memory for fused::cpu). The BN vectors are read
 // (and the running statistics written) in their own dtype, `param_dtype` (fp32, or x's dtype for

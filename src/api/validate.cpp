@@ -32,7 +32,7 @@ Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNor
     return invalid("scale must have 1 or N elements");
   if (bn.momentum < 0.0 && bn.updates_running_stats() && bn.num_batches_tracked == nullptr)
     return invalid("momentum=None needs num_batches_tracked");
-  if (bn.uses_batch_stats() && p.M == 1) return invalid("Expected more than 1 value per channel when training");
+  if (batch_norm_batch_too_small(p.M, bn.uses_batch_stats())) return invalid(FUSED_BATCH_TOO_SMALL_MESSAGE);
   if (p.precision == MatmulPrecision::kTF32 && p.dtype != ElementType::kFloat32)
     return invalid("TF32 precision applies to float32 inputs only");
   return Status::Ok();

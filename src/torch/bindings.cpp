@@ -45,6 +45,7 @@ OptGrads backward_entry(const at::Tensor& grad_out, const at::Tensor& y, const a
 // Shapes and errors only: torch.compile / FakeTensor trace through these.
 Outputs gemm_bn_softmax_meta(const OpArgs& a) {
   check_args(a);
+  check_batch_size(a);
   return allocate_outputs(a);
 }
 

@@ -22,6 +22,9 @@ void check_vector(const std::optional<at::Tensor>& t, const char* name, const Op
 
 bool defined(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
+// nn.BatchNorm1d counts a batch when training with running statistics.
+bool counts_batch(const OpArgs& a) { return a.training && a.has_running_stats() && defined(a.num_batches_tracked); }
+
 void check_precision(const std::optional<std::string>& precision) {
   if (!precision.has_value()) return;
   TORCH_CHECK(*precision == "highest" || *precision == "tf32" || *precision == "high" || *precision == "medium",
@@ -40,7 +43,7 @@ ElementType element_type(at::ScalarType t) {
   }
 }
 
-void check_args(const OpArgs& a) {
+void check_linear_args(const OpArgs& a) {
   TORCH_CHECK(a.x.dim() == 2, "x must be 2-D (batch, in_features), got shape ", a.x.sym_sizes());
   TORCH_CHECK(a.weight.dim() == 2, "weight must be 2-D (out_features, in_features), got shape ",
               a.weight.sym_sizes());
@@ -67,6 +70,15 @@ void check_args(const OpArgs& a) {
                 "bias dtype ", a.bias->scalar_type(), " must match x dtype ", a.x.scalar_type(),
                 " (or pass compute_dtype)");
   }
+  check_precision(a.precision);
+  if (a.path.has_value()) {
+    TORCH_CHECK(*a.path == "auto" || *a.path == "sm90" || *a.path == "generic",
+                "path must be None, 'auto', 'sm90' or 'generic', got '", *a.path, "'");
+  }
+}
+
+void check_args(const OpArgs& a) {
+  check_linear_args(a);
   check_vector(a.bn_weight, "bn_weight", a);
   check_vector(a.bn_bias, "bn_bias", a);
   TORCH_CHECK(defined(a.bn_weight) == defined(a.bn_bias),
@@ -97,13 +109,15 @@ void check_args(const OpArgs& a) {
     TORCH_CHECK(!a.uses_batch_stats() || !a.has_running_stats() || defined(a.num_batches_tracked),
                 "momentum=None (cumulative moving average) needs num_batches_tracked");
   }
-  TORCH_CHECK_VALUE(!(a.uses_batch_stats() && a.sym_M() == 1),
-                    "Expected more than 1 value per channel when training, got input size [1, ", a.sym_N(), "]");
-  check_precision(a.precision);
-  if (a.path.has_value()) {
-    TORCH_CHECK(*a.path == "auto" || *a.path == "sm90" || *a.path == "generic",
-                "path must be None, 'auto', 'sm90' or 'generic', got '", *a.path, "'");
-  }
+  // The batch-of-one rule is the library's (fused::validate), checked where it runs; the Meta kernel
+  // applies the same predicate (check_batch_size).
+}
+
+void check_batch_size(const OpArgs& a) {
+  // A symbolic batch is never 1 here: torch.compile specializes sizes 0 and 1.
+  const std::optional<int64_t> M = a.sym_M().maybe_as_int();
+  TORCH_CHECK_VALUE(!(M.has_value() && batch_norm_batch_too_small(*M, a.uses_batch_stats())),
+                    FUSED_BATCH_TOO_SMALL_MESSAGE ", got input size [1, ", a.sym_N(), "]");
 }
 
 Outputs allocate_outputs(const OpArgs& a) {
@@ -163,6 +177,9 @@ BatchNormTensors prepare_batchnorm(const OpArgs& a) {
   t.param_dtype = direct && common ? element_type(*common) : ElementType::kFloat32;
   const bool scale_direct = is_supported_dtype(a.scale.scalar_type()) && a.scale.is_contiguous();
   t.scale = scale_direct ? a.scale : a.scale.to(at::kFloat).contiguous();
+  // momentum=None reads the count after this batch; num_batches_tracked itself moves only when the
+  // forward succeeds (commit()).
+  if (counts_batch(a) && !a.momentum.has_value()) t.num_batches_next = *a.num_batches_tracked + 1;
   return t;
 }
 
@@ -174,7 +191,7 @@ BatchNormArgs BatchNormTensors::args(const OpArgs& a) const {
   bn.running_mean = ptr(running_mean);
   bn.running_var = ptr(running_var);
   bn.param_dtype = param_dtype;
-  bn.num_batches_tracked = defined(a.num_batches_tracked) ? a.num_batches_tracked->data_ptr<int64_t>() : nullptr;
+  bn.num_batches_tracked = num_batches_next.defined() ? num_batches_next.data_ptr<int64_t>() : nullptr;
   bn.momentum = a.momentum.has_value() ? *a.momentum : -1.0;
   bn.eps = a.eps;
   bn.training = a.training;
@@ -185,14 +202,10 @@ BatchNormArgs BatchNormTensors::args(const OpArgs& a) const {
 }
 
 void BatchNormTensors::commit(const OpArgs& a) const {
+  if (counts_batch(a)) a.num_batches_tracked->add_(1);
   if (!a.uses_batch_stats() || !a.has_running_stats()) return;
   if (!running_mean.is_same(*a.running_mean)) a.running_mean->copy_(running_mean);
   if (!running_var.is_same(*a.running_var)) a.running_var->copy_(running_var);
-}
-
-void bump_num_batches_tracked(const OpArgs& a) {
-  if (a.training && a.has_running_stats() && a.num_batches_tracked.has_value() && a.num_batches_tracked->defined())
-    a.num_batches_tracked->add_(1);
 }
 
 void throw_on_error(const Status& s, const char* where) {

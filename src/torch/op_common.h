@@ -50,8 +50,14 @@ struct OpArgs {
   bool uses_batch_stats() const { return batch_norm_uses_batch_stats(training, has_running_stats()); }
 };
 
-// Every precondition of the contract, each failure naming the argument. Throws.
+// Every precondition of the contract the library does not check itself, each failure naming the
+// argument. Throws. check_linear_args: those of x, weight, bias, compute_dtype, precision and path
+// only (enough to choose a path).
 void check_args(const OpArgs& a);
+void check_linear_args(const OpArgs& a);
+// The library's batch-of-one rule, for the Meta kernel (the CPU and CUDA kernels get it from the
+// library's validation).
+void check_batch_size(const OpArgs& a);
 
 // Allocates (M, N) out in out_scalar_type(), (N) save_mean / save_invstd, (M, N) fp32 y and (M) fp32
 // row_lse on x's device.
@@ -78,16 +84,16 @@ std::string select_cuda_path(const OpArgs& a);
 
 // BN vectors as the library reads them: as given when they share one dtype and are contiguous
 // (no copies); otherwise fp32 contiguous copies, the running statistics written back by `commit()`.
+// `commit()`, called once the library's forward succeeded, also increments num_batches_tracked (as
+// nn.BatchNorm1d, when training with running statistics): a failing call changes no buffer.
 struct BatchNormTensors {
   at::Tensor gamma, beta, running_mean, running_var, scale;
+  at::Tensor num_batches_next;  // num_batches_tracked + 1, for momentum=None
   ElementType param_dtype = ElementType::kFloat32;
   BatchNormArgs args(const OpArgs& a) const;
   void commit(const OpArgs& a) const;
 };
 BatchNormTensors prepare_batchnorm(const OpArgs& a);
-
-// Increments num_batches_tracked when the op updates running statistics (as nn.BatchNorm1d).
-void bump_num_batches_tracked(const OpArgs& a);
 
 void throw_on_error(const Status& s, const char* where);
 

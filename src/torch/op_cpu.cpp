@@ -31,7 +31,6 @@ Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
   } else {
     at::mm_out(y, xf, wf.t());
   }
-  bump_num_batches_tracked(a);
   const BatchNormTensors bnt = prepare_batchnorm(a);
 
   ForwardProblem p;

@@ -129,7 +129,6 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   const cuda::GemmPath gemm_path = path == "sm90" ? cuda::GemmPath::kSm90 : cuda::GemmPath::kExternal;
   if (gemm_path == cuda::GemmPath::kExternal) external_gemm(a, o, std::get<3>(outs));
 
-  bump_num_batches_tracked(a);
   const BatchNormTensors bnt = prepare_batchnorm(a);
   const ForwardProblem p = problem(a);
   const std::size_t ws_bytes = cuda::workspace_bytes(p, gemm_path);

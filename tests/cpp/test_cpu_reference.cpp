@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "fused/detail/half_bits.h"
 #include "fused/detail/bn_math.h"
@@ -70,7 +71,11 @@ TEST_P(PartialsTest, MergedVarianceMatchesFloat64) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(MeanOverStd, PartialsTest, ::testing::Values(0.0, 3.0, 1e3));
+// Names: MeanOverStd/PartialsTest.*/ratio0, ratio3, ratio1000 (stable, readable in filters).
+INSTANTIATE_TEST_SUITE_P(MeanOverStd, PartialsTest, ::testing::Values(0.0, 3.0, 1e3),
+                         [](const ::testing::TestParamInfo<double>& info) {
+                           return "ratio" + std::to_string(static_cast<int64_t>(info.param));
+                         });
 
 // The merge is order-fixed: merging the same partials twice gives identical bits, and a naive
 // sum-of-squares would fail at |mean|/std = 1e3 where Chan's form does not.
@@ -170,7 +175,16 @@ INSTANTIATE_TEST_SUITE_P(Modes, FinalizeTest,
                                            FinalizeCase{true, true, false, false, 0.3},  // affine off
                                            FinalizeCase{true, false, true, false, 0.1},  // no running stats
                                            FinalizeCase{false, true, true, true, 0.1},   // eval
-                                           FinalizeCase{false, false, true, false, 0.1}));  // eval, batch stats
+                                           FinalizeCase{false, false, true, false, 0.1}),  // eval, batch stats
+                         [](const ::testing::TestParamInfo<FinalizeCase>& info) {
+                           const FinalizeCase& c = info.param;
+                           return std::string(c.training ? "train" : "eval") + (c.running ? "_running" : "_norunning") +
+                                  (c.affine ? "_affine" : "_noaffine") +
+                                  (c.per_column_scale ? "_columnscale" : "_scalarscale") +
+                                  (c.momentum < 0 ? std::string("_momentumNone")
+                                                  : "_momentum" + std::to_string(static_cast<int>(c.momentum * 100)) +
+                                                        "pct");
+                         });
 
 TEST(Finalize, EmptyBatchLeavesRunningStats) {
   std::vector<float> rm{1.f, 2.f}, rv{3.f, 4.f}, scale{1.f}, shift(2), a(2), c(2), inv(2);

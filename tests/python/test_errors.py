@@ -1,4 +1,5 @@
-"""Every invalid input raises a clear error naming the argument (CPU; CUDA when present)."""
+"""Every invalid input raises a clear error naming the argument: CPU, Meta (what torch.compile traces
+with) and FakeTensor; CUDA when present. A failing call changes no buffer."""
 import pytest
 import torch
 
@@ -51,24 +52,78 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+def _pattern(message):
+    return message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
 @pytest.mark.parametrize("name,mutate,message", CASES, ids=[c[0] for c in CASES])
 def test_invalid_input_raises(device, name, mutate, message):
     a = _args(device)
     mutate(a)
-    with pytest.raises((RuntimeError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises((RuntimeError, ValueError), match=_pattern(message)):
         _call(a)
 
 
-def test_batch_one_is_value_error_like_pytorch():
-    a = _args()
+@pytest.mark.parametrize("name,mutate,message", CASES, ids=[c[0] for c in CASES])
+def test_invalid_input_raises_under_fake_tensors(name, mutate, message):
+    """What torch.compile sees: the same errors from the Meta kernel on FakeTensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = _args("cpu")
+        mutate(a)
+        with pytest.raises((RuntimeError, ValueError), match=_pattern(message)):
+            _call(a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,mutate", [("batch 1", lambda a: a.update(x=a["x"][:1])),
+                                         ("momentum None, batch 1", lambda a: a.update(x=a["x"][:1], momentum=None))])
+def test_failing_forward_changes_no_buffer(device, name, mutate):
+    """num_batches_tracked moves only when the forward succeeds, together with the running statistics."""
+    a = _args(device)
+    a["num_batches_tracked"].fill_(5)
+    mutate(a)
+    rm, rv = a["running_mean"].clone(), a["running_var"].clone()
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        _call(a)
+    assert a["num_batches_tracked"].item() == 5
+    assert torch.equal(a["running_mean"], rm) and torch.equal(a["running_var"], rv)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_successful_forward_counts_the_batch(device):
+    a = _args(device)
+    a["momentum"] = None  # the cumulative average reads the count after this batch: 1 / 1
+    a["running_mean"].fill_(100.0)
+    _call(a)
+    assert a["num_batches_tracked"].item() == 1
+    y = a["x"].double() @ a["weight"].double().t() + a["bias"].double()
+    assert torch.allclose(a["running_mean"].double(), y.mean(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+def test_batch_one_is_value_error_like_pytorch(device):
+    a = _args(device)
     a["x"] = a["x"][:1]
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
         _call(a)
 
 
-def test_eval_batch_one_is_fine():
+def test_batch_one_in_training_raises_under_torch_compile():
+    """The Meta kernel's check is what a compiled model hits (the eager check alone would let the trace
+    return a (1, N) output)."""
     a = _args()
+    a["x"] = a["x"][:1]
+    fn = torch.compile(lambda x: _call(dict(a, x=x))[0], backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="Expected more than 1 value per channel"):
+        fn(a["x"])
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+def test_eval_batch_one_is_fine(device):
+    a = _args(device)
     a["x"], a["training"] = a["x"][:1], False
     assert _call(a)[0].shape == (1, 6)
 
