@@ -85,15 +85,17 @@ bool sm90_compiled();
 // Whether the sm90 path takes this problem (dtype, precision, 16-byte TMA alignment of x, W, y).
 // Does not query the device; the caller checks for compute capability 9.x.
 Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b);
-// Whether the sm90 path is expected to be faster than the generic one on a GPU with
-// `num_sms` multiprocessors (auto dispatch; both are correct). The sm90 GEMM has no split-K:
-// when its 256x128 tiles fill less than half the GPU and each tile's K loop is long, cuBLAS's
-// split-K GEMM plus the separate statistics pass wins (measured on the H200: M = 256,
-// N = K = 8192 is 1.6x faster on the generic path; bench/results/h200-2026-11-29-full.json).
+// Whether the sm90 path is expected to be faster than the generic one on a GPU with `num_sms`
+// multiprocessors (auto dispatch; both are correct). Grids that 256x128 tiles leave under one wave
+// run a 128x128 ping-pong kernel (2x faster there, level with cuBLAS's GEMM alone), so sm90 wins
+// almost everywhere; the exception is 16-bit inputs whose 128x128 grid is still under one wave with
+// K >= 8192, where cuBLAS's split-K GEMM plus the statistics pass is faster (measured on the H200:
+// M = 256, N = K = 8192 bf16, 74 vs 86 us; bench/results/h200-2026-11-30-*).
 bool sm90_preferred(const ForwardProblem& p, int num_sms);
 
 // Device workspace for forward(); 256-byte aligned pointer expected. Each region 256-byte aligned:
-//   partials mean + M2   2 * ceil(M / row_tile) * ld floats  (sm90: row_tile 256, ld = round_up(N, 128);
+//   partials mean + M2   2 * ceil(M / row_tile) * ld floats  (sm90: row_tile 256, or 128 for grids
+//                                                            under one wave; ld = round_up(N, 128);
 //                                                            generic: row_tile 128, ld = round_up(N, 4))
 //   folded a, c          2 * N floats
 //   the sm90 GEMM's own  (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule)

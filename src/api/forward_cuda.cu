@@ -3,6 +3,7 @@
 // stream-ordered, no host synchronisation.
 #include "fused/gemm_bn_softmax.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/device_info.h"
 #include "kernels/common/nvtx.h"
 #if defined(FUSED_WITH_SM90)
 #include "kernels/sm90/gemm_stats_sm90.h"
@@ -14,12 +15,25 @@ namespace {
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
+#if defined(FUSED_WITH_SM90)
+// The sm90 kernel shape for this problem on the current device (SM count cached per device).
+Status sm90_tile(const ForwardProblem& p, sm90::Sm90Tile& tile) {
+  int device = 0, sms = 0;
+  FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice failed"));
+  FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
+  tile = sm90::choose_tile(p.M, p.N, sms);
+  return Status::Ok();
+}
+#endif
+
 // Partials geometry of a path.
-ColumnStatsPartials partials_geometry(const ForwardProblem& p, GemmPath path) {
-  ColumnStatsPartials g;
+Status partials_geometry(const ForwardProblem& p, GemmPath path, ColumnStatsPartials& g) {
+  g = ColumnStatsPartials{};
 #if defined(FUSED_WITH_SM90)
   if (path == GemmPath::kSm90) {
-    g.row_tile = sm90::partials_row_tile();
+    sm90::Sm90Tile tile = sm90::Sm90Tile::k256x128;
+    FUSED_RETURN_IF_ERROR(sm90_tile(p, tile));
+    g.row_tile = sm90::partials_row_tile(tile);
     g.ld = sm90::partials_ld(p.N);
   }
 #endif
@@ -28,15 +42,18 @@ ColumnStatsPartials partials_geometry(const ForwardProblem& p, GemmPath path) {
     g.ld = (p.N + 3) / 4 * 4;
   }
   if (g.row_tile > 0) g.num_row_tiles = util::ceil_div(p.M, g.row_tile);
-  return g;
+  return Status::Ok();
 }
 
 #if defined(FUSED_WITH_SM90)
-sm90::GemmStatsArgs gemm_args(const ForwardProblem& p, const ForwardBuffers& b) {
+// The kernel shape follows the partials geometry, so that both always agree.
+sm90::GemmStatsArgs gemm_args(const ForwardProblem& p, const ForwardBuffers& b, const ColumnStatsPartials& partials) {
   sm90::GemmStatsArgs a;
   a.M = p.M; a.N = p.N; a.K = p.K;
   a.x = b.x; a.ldx = b.ldx; a.w = b.weight; a.ldw = b.ldw; a.bias = b.bias;
   a.y = b.y; a.ldy = b.ldy;
+  a.tile = partials.row_tile == sm90::partials_row_tile(sm90::Sm90Tile::k128x128) ? sm90::Sm90Tile::k128x128
+                                                                                  : sm90::Sm90Tile::k256x128;
   return a;
 }
 #endif
@@ -70,10 +87,13 @@ Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
 
 bool sm90_preferred(const ForwardProblem& p, int num_sms) {
 #if defined(FUSED_WITH_SM90)
-  const int64_t tiles = util::ceil_div(p.M, sm90::kCtaTileM) * util::ceil_div(p.N, sm90::kCtaTileN);
-  // K-loop length per tile in bf16-equivalent steps: the tf32 mainloop moves half the K per stage.
-  const int64_t k_work = p.dtype == ElementType::kFloat32 ? 2 * p.K : p.K;
-  return !(2 * tiles < num_sms && k_work >= 8192);
+  // Measured on the H200 (bench/results/h200-2026-11-30-*): with the 128x128 ping-pong kernel for
+  // underfilled grids the sm90 path wins everywhere except 16-bit inputs whose 128x128 grid is still
+  // under one wave with a long K loop (M = 256, N = K = 8192: 86 vs 74 us per call), where cuBLAS
+  // splits K. tf32 at that shape: sm90 122 vs generic 137 us.
+  const int64_t tiles_128x128 = util::ceil_div(p.M, 128) * util::ceil_div(p.N, sm90::kCtaTileN);
+  const bool sixteen_bit = p.dtype == ElementType::kBFloat16 || p.dtype == ElementType::kFloat16;
+  return !(sixteen_bit && tiles_128x128 < num_sms && p.K >= 8192);
 #else
   (void)p, (void)num_sms;
   return false;
@@ -81,13 +101,14 @@ bool sm90_preferred(const ForwardProblem& p, int num_sms) {
 }
 
 std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path) {
-  const ColumnStatsPartials g = partials_geometry(p, path);
+  ColumnStatsPartials g;
+  if (!partials_geometry(p, path, g).ok()) return 0;
   std::size_t bytes = 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +
                       2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N));
 #if defined(FUSED_WITH_SM90)
   if (path == GemmPath::kSm90) {
     ForwardBuffers none;
-    bytes += align_up(sm90::gemm_workspace_bytes(p.dtype, gemm_args(p, none)));
+    bytes += align_up(sm90::gemm_workspace_bytes(p.dtype, gemm_args(p, none, g)));
   }
 #endif
   return bytes;
@@ -102,7 +123,8 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
   if (p.N == 0) return Status::Ok();
 
   // Workspace: [partials.mean | partials.m2 | a | c | gemm workspace]
-  ColumnStatsPartials partials = partials_geometry(p, path);
+  ColumnStatsPartials partials;
+  FUSED_RETURN_IF_ERROR(partials_geometry(p, path, partials));
   auto* cursor = static_cast<char*>(workspace);
   auto take = [&](std::size_t bytes) {
     char* ptr = cursor;
@@ -120,7 +142,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
     if (path == GemmPath::kSm90) {
 #if defined(FUSED_WITH_SM90)
       util::NvtxRange range("fused::gemm_stats_sm90");
-      sm90::GemmStatsArgs args = gemm_args(p, b);
+      sm90::GemmStatsArgs args = gemm_args(p, b, partials);
       if (batch_stats) args.partials = partials;
       switch (p.dtype) {
         case ElementType::kBFloat16: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_bf16(args, cursor, stream)); break;

@@ -171,8 +171,11 @@ template <>
 float to_float(__half v) { return __half2float(v); }
 
 template <class T>
-void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double tol) {
+void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double tol, int64_t ldy_pad = 0) {
   const auto y = test::random_columns(M, N, 5.0, 13 + N);
+  const int64_t ldy = N + ldy_pad;
+  std::vector<float> y_strided(M * ldy, std::numeric_limits<float>::quiet_NaN());  // padding never read
+  for (int64_t i = 0; i < M; ++i) std::copy(y.begin() + i * N, y.begin() + (i + 1) * N, y_strided.begin() + i * ldy);
   std::vector<float> shift(N), a(N), c(N);
   for (int64_t n = 0; n < N; ++n) {
     double mean, m2;
@@ -182,11 +185,11 @@ void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double
     c[n] = 0.01f * (n % 13);
   }
   const int64_t ldo = N + ldo_pad;
-  DeviceBuf<float> dy(y), ds(shift), da(a), dc(c);
+  DeviceBuf<float> dy(y_strided), ds(shift), da(a), dc(c);
   DeviceBuf<T> dout(M * ldo);
   DeviceBuf<float> dlse(M);
   ASSERT_TRUE(
-      cuda::row_softmax(dy.ptr, N, M, N, ColumnAffine{ds.ptr, da.ptr, dc.ptr}, dout.ptr, ldo, dt, dlse.ptr, nullptr)
+      cuda::row_softmax(dy.ptr, ldy, M, N, ColumnAffine{ds.ptr, da.ptr, dc.ptr}, dout.ptr, ldo, dt, dlse.ptr, nullptr)
           .ok());
   CUDA_OK(cudaDeviceSynchronize());
   const auto out = dout.download();
@@ -224,6 +227,14 @@ TEST(RowSoftmaxGpu, ManyRows) {
   check_softmax<float>(5000, 100, 0, ElementType::kFloat32, 2e-6);
   check_softmax<__nv_bfloat16>(3000, 8192, 0, ElementType::kBFloat16, 4e-3);
   check_softmax<float>(700, 2001, 0, ElementType::kFloat32, 2e-6);
+}
+
+// Rows whose width is not a multiple of 4 but whose stride is: the blocked kernel's ragged end.
+TEST(RowSoftmaxGpu, RaggedRowEndsWithAlignedStrides) {
+  REQUIRE_GPU();
+  for (int64_t N : std::vector<int64_t>{5, 1023, 4094, 8190})
+    check_softmax<float>(37, N, 4 - N % 4, ElementType::kFloat32, 2e-6, 4 - N % 4);
+  check_softmax<__nv_bfloat16>(301, 8189, 3, ElementType::kBFloat16, 4e-3, 3);
 }
 
 TEST(RowSoftmaxGpu, UnalignedOutputFallsBackToScalarStores) {

@@ -99,6 +99,7 @@ struct Case {
   double bias_scale = 1.0;         // bias ~ U(-1,1) * bias_scale
   bool large_acc_mean = false;     // x[:, 0] = 2048, W[:, 0] = 1  ->  |acc mean| / std ~ 1e3
   bool check_determinism = false;
+  sm90::Sm90Tile tile = sm90::Sm90Tile::k256x128;
 };
 
 struct Result {
@@ -107,7 +108,7 @@ struct Result {
 };
 
 void run_case(const Case& c, Result* out = nullptr) {
-  SCOPED_TRACE(std::string(name_of(c.type)) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+  SCOPED_TRACE(std::string(name_of(c.type)) + (c.tile == sm90::Sm90Tile::k128x128 ? " 128x128" : " 256x128") + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
                " K=" + std::to_string(c.K) + (c.bias ? " bias" : " nobias") + (c.stats ? " train" : " eval"));
   const int64_t M = c.M, N = c.N, K = c.K, ldy = N + c.ldy_pad;
   std::mt19937 rng(1234u + unsigned(M * 7 + N * 13 + K * 17) + unsigned(c.type) * 101u);
@@ -135,7 +136,8 @@ void run_case(const Case& c, Result* out = nullptr) {
     }
   }
 
-  const int64_t tiles = (M + sm90::partials_row_tile() - 1) / sm90::partials_row_tile();
+  const int64_t row_tile = sm90::partials_row_tile(c.tile);
+  const int64_t tiles = (M + row_tile - 1) / row_tile;
   const int64_t ld = sm90::partials_ld(N);
   ASSERT_GE(ld, N);
   DeviceBuffer<uint8_t> dx(x.bytes.size()), dw(w.bytes.size()), db(b.bytes.size());
@@ -151,11 +153,12 @@ void run_case(const Case& c, Result* out = nullptr) {
   a.w = dw.ptr; a.ldw = K;
   a.bias = c.bias ? db.ptr : nullptr;
   a.y = dy.ptr; a.ldy = ldy;
+  a.tile = c.tile;
   if (c.stats) {
     a.partials.mean = dmean.ptr;
     a.partials.m2 = dm2.ptr;
     a.partials.num_row_tiles = tiles;
-    a.partials.row_tile = sm90::partials_row_tile();
+    a.partials.row_tile = row_tile;
     a.partials.ld = ld;
   }
   const size_t ws_bytes = sm90::gemm_workspace_bytes(c.type, a);
@@ -205,8 +208,8 @@ void run_case(const Case& c, Result* out = nullptr) {
     // the fp32 bias add, so allow the rounding of that add: |y - (acc + b)| <= u.
     int64_t bad_mean = 0, bad_m2 = 0;
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t r0 = t * sm90::partials_row_tile();
-      const int64_t cnt = std::min<int64_t>(sm90::partials_row_tile(), M - r0);
+      const int64_t r0 = t * row_tile;
+      const int64_t cnt = std::min<int64_t>(row_tile, M - r0);
       for (int64_t n = 0; n < N; ++n) {
         double s = 0, ymax = 0;
         for (int64_t i = r0; i < r0 + cnt; ++i) { s += y[size_t(i * ldy + n)]; ymax = std::max(ymax, std::fabs(double(y[size_t(i * ldy + n)]))); }
@@ -256,12 +259,21 @@ void run_case(const Case& c, Result* out = nullptr) {
 }
 
 const ElementType kTypes[] = {ElementType::kBFloat16, ElementType::kFloat16, ElementType::kFloat32};
+const sm90::Sm90Tile kTiles[] = {sm90::Sm90Tile::k256x128, sm90::Sm90Tile::k128x128};
+
+// Every case runs on both kernel shapes (each has its own partials geometry).
+void run_each_tile(Case c) {
+  for (sm90::Sm90Tile tile : kTiles) {
+    c.tile = tile;
+    run_case(c);
+  }
+}
 
 TEST(Sm90GemmStats, HeadlineShapeDeterministic) {
   SKIP_UNLESS_SM90();
   for (ElementType t : kTypes) {
     Case c; c.type = t; c.M = 512; c.N = 1024; c.K = 2048; c.check_determinism = true;
-    run_case(c);
+    run_each_tile(c);
   }
 }
 
@@ -270,7 +282,7 @@ TEST(Sm90GemmStats, OddM) {
   for (ElementType t : kTypes)
     for (int64_t M : {1, 3, 255, 257, 513}) {
       Case c; c.type = t; c.M = M; c.N = 136; c.K = 64;
-      run_case(c);
+      run_each_tile(c);
     }
 }
 
@@ -279,7 +291,7 @@ TEST(Sm90GemmStats, NNotMultipleOfTile) {
   for (ElementType t : kTypes)
     for (int64_t N : {4, 200, 260}) {
       Case c; c.type = t; c.M = 300; c.N = N; c.K = 72; c.ldy_pad = 4;
-      run_case(c);
+      run_each_tile(c);
     }
 }
 
@@ -287,7 +299,7 @@ TEST(Sm90GemmStats, NoBias) {
   SKIP_UNLESS_SM90();
   for (ElementType t : kTypes) {
     Case c; c.type = t; c.M = 700; c.N = 384; c.K = 256; c.bias = false;
-    run_case(c);
+    run_each_tile(c);
   }
 }
 
@@ -295,7 +307,7 @@ TEST(Sm90GemmStats, EvalModeNoStatistics) {
   SKIP_UNLESS_SM90();
   for (ElementType t : kTypes) {
     Case c; c.type = t; c.M = 333; c.N = 264; c.K = 128; c.stats = false;
-    run_case(c);
+    run_each_tile(c);
   }
 }
 
@@ -303,7 +315,7 @@ TEST(Sm90GemmStats, PersistentManyTiles) {
   SKIP_UNLESS_SM90();
   for (ElementType t : kTypes) {
     Case c; c.type = t; c.M = 4096 + 77; c.N = 2048 + 8; c.K = 64;
-    run_case(c);
+    run_each_tile(c);
   }
 }
 
@@ -313,7 +325,7 @@ TEST(Sm90GemmStats, LargeMeanThroughBias) {
   for (ElementType t : kTypes) {
     // acc std ~ sqrt(K / 9) = 4 for K = 144: bias ~ U(-1,1) * 4000 gives |mean|/std up to 1e3.
     Case c; c.type = t; c.M = 600; c.N = 136; c.K = 144; c.bias_scale = 4000.0;
-    run_case(c);
+    run_each_tile(c);
   }
 }
 
@@ -324,10 +336,24 @@ TEST(Sm90GemmStats, LargeMeanInAccumulator) {
   SKIP_UNLESS_SM90();
   for (ElementType t : kTypes) {
     Case c; c.type = t; c.M = 777; c.N = 264; c.K = 16; c.bias = false; c.large_acc_mean = true;
-    Result r;
-    run_case(c, &r);
-    EXPECT_LT(r.m2_max_rel, 1e-5);
+    for (sm90::Sm90Tile tile : kTiles) {
+      c.tile = tile;
+      Result r;
+      run_case(c, &r);
+      EXPECT_LT(r.m2_max_rel, 1e-5);
+    }
   }
+}
+
+// The tile rule (no GPU needed): 128x128 ping-pong exactly when the 256x128 grid is under one wave.
+TEST(Sm90GemmStats, ChooseTile) {
+  EXPECT_EQ(sm90::choose_tile(1024, 8192, 132), sm90::Sm90Tile::k256x128);  // 256 tiles
+  EXPECT_EQ(sm90::choose_tile(512, 8192, 132), sm90::Sm90Tile::k128x128);   // 128 tiles < 132 SMs
+  EXPECT_EQ(sm90::choose_tile(512, 8192 + 512, 132), sm90::Sm90Tile::k256x128);  // 136 tiles
+  EXPECT_EQ(sm90::choose_tile(256, 8192, 132), sm90::Sm90Tile::k128x128);   // 64 tiles
+  EXPECT_EQ(sm90::choose_tile(1024, 2048, 132), sm90::Sm90Tile::k128x128);  // 64 tiles
+  EXPECT_EQ(sm90::choose_tile(1, 16, 132), sm90::Sm90Tile::k128x128);
+  EXPECT_EQ(sm90::choose_tile(65536, 8192, 132), sm90::Sm90Tile::k256x128);
 }
 
 TEST(Sm90GemmStats, RejectsUnsupportedArguments) {
@@ -346,6 +372,9 @@ TEST(Sm90GemmStats, RejectsUnsupportedArguments) {
   EXPECT_EQ(sm90::run_gemm_stats_fp16(bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
   bad = a; bad.partials.mean = buf.ptr; bad.partials.m2 = buf.ptr; bad.partials.num_row_tiles = 1;
   bad.partials.row_tile = sm90::partials_row_tile(); bad.partials.ld = 64;  // ld must be round_up(N, 128)
+  EXPECT_EQ(sm90::run_gemm_stats_bf16(bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
+  bad.tile = sm90::Sm90Tile::k128x128;     // 256-row partials for the 128-row kernel
+  bad.partials.ld = 128;
   EXPECT_EQ(sm90::run_gemm_stats_bf16(bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
   bad = a; bad.x = reinterpret_cast<const char*>(buf.ptr) + 4;  // misaligned
   EXPECT_EQ(sm90::run_gemm_stats_tf32(bad, nullptr, nullptr).code, StatusCode::kNotSupported);

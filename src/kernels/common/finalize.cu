@@ -1,9 +1,11 @@
 // [2] Finalize: merges the per-row-tile partials of each column in a fixed order (Chan's
 // formula, double precision), updates the running statistics, and folds BatchNorm + scale
-// into the per-column affine map the softmax applies. One thread per column.
+// into the per-column affine map the softmax applies. One thread per column. Launched as a
+// programmatic dependent of the GEMM: its launch hides behind the GEMM's last tiles.
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/pdl.cuh"
 
 namespace fused::cuda {
 namespace {
@@ -15,6 +17,8 @@ constexpr int kThreads = 64;
 __global__ void __launch_bounds__(kThreads)
     finalize_kernel(ColumnStatsPartials partials, int64_t M, int64_t N, BatchNormArgs bn, float* save_invstd,
                     ColumnAffine affine) {
+  util::wait_for_prerequisites();  // the GEMM's partials
+  util::allow_dependents_to_launch();
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (col >= N) return;
   const detail::MeanM2 s =
@@ -27,9 +31,9 @@ __global__ void __launch_bounds__(kThreads)
 Status finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
                 float* save_invstd, const ColumnAffine& affine, cudaStream_t stream) {
   if (N == 0) return Status::Ok();
-  finalize_kernel<<<static_cast<unsigned>(util::ceil_div(N, kThreads)), kThreads, 0, stream>>>(
-      partials, M, N, bn, save_invstd, affine);
-  return util::launch_status("finalize_kernel launch");
+  return util::launch_dependent(finalize_kernel, dim3(static_cast<unsigned>(util::ceil_div(N, kThreads))),
+                                dim3(kThreads), 0, stream, "finalize_kernel launch", partials, M, N, bn, save_invstd,
+                                affine);
 }
 
 }  // namespace fused::cuda

@@ -19,6 +19,8 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
 
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/device_info.h"
 #include "kernels/epilogue/sm90_column_partials.hpp"
 #include "kernels/sm90/gemm_stats_sm90.h"
 
@@ -26,8 +28,32 @@ namespace fused::sm90::detail {
 
 using namespace cute;
 
-// ElementIn: cutlass::bfloat16_t, cutlass::half_t, or float (tf32 tensor-core MMA).
+// A kernel configuration: CTA tile (M, N), cluster (M, N), and schedule. Cooperative: two consumer
+// warpgroups share one TileM x TileN tile. Ping-pong: each consumer warpgroup owns a whole tile and
+// the two alternate, so one's epilogue (the y stores and the statistics) overlaps the other's
+// mainloop. The CTA tile fixes the partials format: one slot per (TileM row tile, column).
+template <int TileM_, int TileN_, int ClusterM_, int ClusterN_, bool PingPong_>
+struct GemmStatsConfig {
+  static constexpr int kTileM = TileM_, kTileN = TileN_, kClusterM = ClusterM_, kClusterN = ClusterN_;
+  static constexpr bool kPingPong = PingPong_;
+};
+
+// What the library runs (Sm90Tile in gemm_stats_sm90.h): 256x128 cooperative, cluster 2x1, and
+// 128x128 ping-pong, cluster 2x1 for 16-bit inputs and 1x2 for tf32 (the faster of the two in the
+// sweep for each).
+using DefaultConfig = GemmStatsConfig<256, int(kCtaTileN), 2, 1, false>;
 template <class ElementIn>
+using SmallTileConfig = GemmStatsConfig<128, int(kCtaTileN), sizeof(ElementIn) == 2 ? 2 : 1,
+                                        sizeof(ElementIn) == 2 ? 1 : 2, true>;
+
+// Tile-scheduler choices that need no recompilation (0: CUTLASS's heuristic, 1: along M, 2: along N).
+struct SchedulerOptions {
+  int raster_order = 0;
+  int max_swizzle = 1;
+};
+
+// ElementIn: cutlass::bfloat16_t, cutlass::half_t, or float (tf32 tensor-core MMA).
+template <class ElementIn, class Config = DefaultConfig>
 struct GemmStatsKernel {
   using ElementA = ElementIn;                     // x (M,K) row-major: K-major
   using LayoutA = cutlass::layout::RowMajor;
@@ -43,15 +69,14 @@ struct GemmStatsKernel {
   static constexpr int AlignmentAB = 128 / cutlass::sizeof_bits<ElementIn>::value;   // 16-byte TMA rows
   static constexpr int AlignmentD = 128 / cutlass::sizeof_bits<ElementD>::value;
 
-  // 256x128 cooperative tile (two consumer warpgroups of 128x128), 128-byte K slices (bf16/fp16: 64,
-  // tf32: 32), cluster 2x1x1 (W tile multicast to both CTAs of the cluster).
-  using TileShape = Shape<_256, _128, Int<128 / int(sizeof(ElementIn))>>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  static_assert(size<0>(TileShape{}) == kCtaTileM && size<1>(TileShape{}) == kCtaTileN,
-                "partials format (gemm_stats_sm90.h) and kernel tile disagree");
+  // 128-byte K slices (bf16/fp16: 64, tf32: 32).
+  using TileShape = Shape<Int<Config::kTileM>, Int<Config::kTileN>, Int<128 / int(sizeof(ElementIn))>>;
+  using ClusterShape = Shape<Int<Config::kClusterM>, Int<Config::kClusterN>, _1>;
 
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using KernelSchedule = cute::conditional_t<Config::kPingPong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                             cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule = cute::conditional_t<Config::kPingPong, cutlass::epilogue::TmaWarpSpecialized,
+                                               cutlass::epilogue::TmaWarpSpecializedCooperative>;
   static constexpr auto RoundStyle = cutlass::FloatRoundStyle::round_to_nearest;
 
   // Epilogue visitor tree: y = partials(acc) + bias.  The statistics see acc (before the bias).
@@ -92,27 +117,11 @@ struct GemmStatsKernel {
   using StrideD = typename Gemm::GemmKernel::StrideD;
 };
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
-// SM count per device, queried once (cudaDeviceGetAttribute is cheap but not free).
-inline Status sm_count(int device, int& count) {
-  static std::atomic<int> cache[64] = {};
-  if (device >= 0 && device < 64) {
-    int c = cache[device].load(std::memory_order_relaxed);
-    if (c > 0) { count = c; return Status::Ok(); }
-  }
-  int c = 0;
-  if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || c <= 0) {
-    return {StatusCode::kCudaError, "sm90 gemm_stats: cudaDeviceGetAttribute(MultiProcessorCount) failed"};
-  }
-  if (device >= 0 && device < 64) cache[device].store(c, std::memory_order_relaxed);
-  count = c;
-  return Status::Ok();
-}
-
-template <class ElementIn>
+template <class ElementIn, class Config>
 Status validate(const GemmStatsArgs& a) {
-  using K = GemmStatsKernel<ElementIn>;
+  using K = GemmStatsKernel<ElementIn, Config>;
+  if (partials_row_tile(a.tile) != Config::kTileM)
+    return {StatusCode::kInvalidArgument, "sm90 gemm_stats: args.tile does not match the instantiation"};
   constexpr int64_t kIntMax = 0x7fffffff;
   if (a.M <= 0 || a.N <= 0 || a.K <= 0)
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: M, N, K must be positive"};
@@ -126,25 +135,26 @@ Status validate(const GemmStatsArgs& a) {
     return {StatusCode::kNotSupported, "sm90 gemm_stats: K, ldx, ldw must be multiples of 16 bytes (TMA)"};
   if (a.N % K::AlignmentD != 0 || a.ldy % K::AlignmentD != 0)
     return {StatusCode::kNotSupported, "sm90 gemm_stats: N and ldy must be multiples of 4 (TMA store of y)"};
-  if (!aligned16(a.x) || !aligned16(a.w) || !aligned16(a.y))
+  if (!cuda::util::aligned16(a.x) || !cuda::util::aligned16(a.w) || !cuda::util::aligned16(a.y))
     return {StatusCode::kNotSupported, "sm90 gemm_stats: x, w, y must be 16-byte aligned"};
   const ColumnStatsPartials& p = a.partials;
   if ((p.mean == nullptr) != (p.m2 == nullptr))
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: partials.mean and partials.m2 must both be set or both null"};
   if (p.mean != nullptr) {
-    if (p.row_tile != kCtaTileM || p.ld != partials_ld(a.N) ||
-        p.num_row_tiles < (a.M + kCtaTileM - 1) / kCtaTileM)
+    if (p.row_tile != Config::kTileM || p.ld != (a.N + Config::kTileN - 1) / Config::kTileN * Config::kTileN ||
+        p.num_row_tiles < (a.M + Config::kTileM - 1) / Config::kTileM)
       return {StatusCode::kInvalidArgument,
               "sm90 gemm_stats: partials geometry must be [ceil(M/partials_row_tile()), partials_ld(N)]"};
   }
   return Status::Ok();
 }
 
-template <class ElementIn>
-Status make_arguments(const GemmStatsArgs& a, typename GemmStatsKernel<ElementIn>::Gemm::Arguments& out) {
-  using KC = GemmStatsKernel<ElementIn>;
+template <class ElementIn, class Config>
+Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched,
+                      typename GemmStatsKernel<ElementIn, Config>::Gemm::Arguments& out) {
+  using KC = GemmStatsKernel<ElementIn, Config>;
   using Gemm = typename KC::Gemm;
-  Status st = validate<ElementIn>(a);
+  Status st = validate<ElementIn, Config>(a);
   if (!st.ok()) return st;
 
   int device = 0;
@@ -152,7 +162,7 @@ Status make_arguments(const GemmStatsArgs& a, typename GemmStatsKernel<ElementIn
     return {StatusCode::kCudaError, "sm90 gemm_stats: cudaGetDevice failed"};
   cutlass::KernelHardwareInfo hw_info;
   hw_info.device_id = device;
-  st = sm_count(device, hw_info.sm_count);
+  st = cuda::util::sm_count(device, hw_info.sm_count);
   if (!st.ok()) return st;
 
   const int M = int(a.M), N = int(a.N), K = int(a.K);
@@ -179,11 +189,16 @@ Status make_arguments(const GemmStatsArgs& a, typename GemmStatsKernel<ElementIn
       {x, stride_a, w, stride_b},
       {fusion_args, nullptr, stride_c, a.y, stride_d},
       hw_info};
+  using Raster = typename Gemm::GemmKernel::TileScheduler::RasterOrderOptions;
+  out.scheduler.raster_order = sched.raster_order == 1   ? Raster::AlongM
+                               : sched.raster_order == 2 ? Raster::AlongN
+                                                         : Raster::Heuristic;
+  out.scheduler.max_swizzle_size = sched.max_swizzle;
   return Status::Ok();
 }
 
-template <class ElementIn>
-std::size_t workspace_bytes(GemmStatsArgs a) {
+template <class ElementIn, class Config = DefaultConfig>
+std::size_t workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sched = {}) {
   // The workspace depends on the problem shape only: the caller may ask before it has buffers,
   // so stand in aligned non-null pointers and dense strides where none are given yet.
   void* const stand_in = reinterpret_cast<void*>(std::uintptr_t{256});
@@ -193,17 +208,17 @@ std::size_t workspace_bytes(GemmStatsArgs a) {
   if (a.ldx == 0) a.ldx = a.K;
   if (a.ldw == 0) a.ldw = a.K;
   if (a.ldy == 0) a.ldy = a.N;
-  using Gemm = typename GemmStatsKernel<ElementIn>::Gemm;
+  using Gemm = typename GemmStatsKernel<ElementIn, Config>::Gemm;
   typename Gemm::Arguments args;
-  if (!make_arguments<ElementIn>(a, args).ok()) return 0;
+  if (!make_arguments<ElementIn, Config>(a, sched, args).ok()) return 0;
   return Gemm::get_workspace_size(args);
 }
 
-template <class ElementIn>
-Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream) {
-  using Gemm = typename GemmStatsKernel<ElementIn>::Gemm;
+template <class ElementIn, class Config = DefaultConfig>
+Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, const SchedulerOptions& sched = {}) {
+  using Gemm = typename GemmStatsKernel<ElementIn, Config>::Gemm;
   typename Gemm::Arguments args;
-  Status st = make_arguments<ElementIn>(a, args);
+  Status st = make_arguments<ElementIn, Config>(a, sched, args);
   if (!st.ok()) return st;
 
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
@@ -214,7 +229,9 @@ Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream) {
   Gemm gemm;
   if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
     return {StatusCode::kCudaError, "sm90 gemm_stats: CUTLASS initialize failed"};
-  if (gemm.run(stream) != cutlass::Status::kSuccess)
+  // A programmatic dependent launch (the kernel is built with CUTLASS_ENABLE_GDC_FOR_SM90: its
+  // loads wait for the previous kernel, and its last tiles let finalize launch early).
+  if (gemm.run(stream, nullptr, cuda::util::current_device_has_pdl()) != cutlass::Status::kSuccess)
     return {StatusCode::kCudaError, "sm90 gemm_stats: kernel launch failed"};
   return Status::Ok();
 }

@@ -7,13 +7,20 @@
 
 namespace fused::sm90 {
 
-// The CTA tile fixes the partials format: one partial per (CTA row tile, column).
-// The partials buffer is [ceil(M / kTileM), round_up(N, kTileN)] (see cutlass-notes.md §3).
-// (Concrete values are chosen by measurement; every instantiation shares them.)
-constexpr int64_t kCtaTileM = 256;       // CTA tile M of every instantiation
-constexpr int64_t kCtaTileN = 128;       // CTA tile N of every instantiation
-int64_t partials_row_tile();             // == CTA tile M
-int64_t partials_ld(int64_t N);          // == round_up(N, CTA tile N)
+// Two kernel shapes (chosen per problem by choose_tile; measured on the H200 with bench/cpp/sweep):
+//   k256x128: cooperative (two consumer warpgroups on one 256x128 tile), cluster 2x1 (the W tile is
+//             multicast to both CTAs). Fastest once the grid fills the GPU (the headline shape).
+//   k128x128: ping-pong (each consumer warpgroup owns a 128x128 tile; one's epilogue overlaps the
+//             other's mainloop). Twice the CTAs: 2x faster where 256x128 tiles leave SMs idle
+//             (M = 256 or N = 2048 at K = 8192 / 4096).
+// The CTA tile fixes the partials format: one partial per (CTA row tile, column), i.e. a buffer of
+// [ceil(M / partials_row_tile(tile)), partials_ld(N)] (both tiles are 128 wide).
+enum class Sm90Tile : int { k256x128 = 0, k128x128 = 1 };
+constexpr int64_t kCtaTileN = 128;                      // CTA tile N of every instantiation
+int64_t partials_row_tile(Sm90Tile tile = Sm90Tile::k256x128);   // == CTA tile M
+int64_t partials_ld(int64_t N);                         // == round_up(N, kCtaTileN)
+// k128x128 when the 256x128 grid would not fill one wave of `num_sms` SMs, else k256x128.
+Sm90Tile choose_tile(int64_t M, int64_t N, int num_sms);
 
 struct GemmStatsArgs {
   int64_t M = 0, N = 0, K = 0;
@@ -27,23 +34,36 @@ struct GemmStatsArgs {
   // Per-CTA-tile column partials of y (mean, M2; count from geometry). mean == nullptr: the
   // epilogue computes no statistics (eval mode).
   ColumnStatsPartials partials;
+  Sm90Tile tile = Sm90Tile::k256x128;  // the kernel shape; the partials geometry follows it
 };
 
 // Device workspace the GEMM itself needs (tile scheduler etc.), bytes. Dispatches on dtype to the
 // per-instantiation functions below (fp32 -> tf32 kernel). 0 if the arguments are invalid.
 std::size_t gemm_workspace_bytes(ElementType dtype, const GemmStatsArgs& args);
-std::size_t gemm_workspace_bytes_bf16(const GemmStatsArgs& args);
-std::size_t gemm_workspace_bytes_fp16(const GemmStatsArgs& args);
-std::size_t gemm_workspace_bytes_tf32(const GemmStatsArgs& args);
 
-// One function per instantiation; each lives in its own TU.
+// One function per element type; each dispatches on args.tile to one TU per (element type, tile).
 //   bf16 / fp16: A, B in that type; tf32: A, B fp32, tf32 tensor-core MMA.
 // Requirements (else kNotSupported / kInvalidArgument, nothing launched): K, ldx, ldw multiples of
 // 16 bytes; N, ldy multiples of 4; x, w, y 16-byte aligned; M, N, K < 2^31; partials either both
-// null or of geometry [>= ceil(M / partials_row_tile()), partials_ld(N)]. The bias needs no alignment.
+// null or of geometry [>= ceil(M / partials_row_tile(args.tile)), partials_ld(N)]. The bias needs no
+// alignment.
 // Launches on `stream` (the current device); asynchronous.
 Status run_gemm_stats_bf16(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
 Status run_gemm_stats_fp16(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
 Status run_gemm_stats_tf32(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
+
+// The instantiations behind the functions above (one TU each).
+namespace instances {
+#define FUSED_SM90_INSTANCE(name)                                                   \
+  Status run_##name(const GemmStatsArgs& args, void* workspace, cudaStream_t stream); \
+  std::size_t workspace_##name(const GemmStatsArgs& args);
+FUSED_SM90_INSTANCE(bf16_256x128)
+FUSED_SM90_INSTANCE(fp16_256x128)
+FUSED_SM90_INSTANCE(tf32_256x128)
+FUSED_SM90_INSTANCE(bf16_128x128)
+FUSED_SM90_INSTANCE(fp16_128x128)
+FUSED_SM90_INSTANCE(tf32_128x128)
+#undef FUSED_SM90_INSTANCE
+}  // namespace instances
 
 }  // namespace fused::sm90

@@ -1,0 +1,62 @@
+// Per-device facts the launchers need, queried once per device and cached (the queries are cheap
+// but not free, and they run on every call of the op).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "fused/types.h"
+
+namespace fused::cuda::util {
+
+namespace detail {
+// attribute of `device`, cached for devices 0..63; 0 when the query fails.
+template <cudaDeviceAttr kAttribute>
+inline int cached_device_attribute(int device) {
+  static std::atomic<int> cache[64] = {};
+  const bool cacheable = device >= 0 && device < 64;
+  if (cacheable) {
+    const int v = cache[device].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, kAttribute, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (cacheable && v > 0) cache[device].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+inline int current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return device;
+}
+}  // namespace detail
+
+// Number of SMs of `device`; kCudaError if the query fails.
+inline Status sm_count(int device, int& count) {
+  count = detail::cached_device_attribute<cudaDevAttrMultiProcessorCount>(device);
+  if (count <= 0) return {StatusCode::kCudaError, "cudaDeviceGetAttribute(MultiProcessorCount) failed"};
+  return Status::Ok();
+}
+
+// Programmatic dependent launch needs compute capability 9.0 or newer. FUSED_DISABLE_PDL=1 in the
+// environment (read once) turns it off: plain stream order, for A/B timing and debugging.
+inline bool current_device_has_pdl() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("FUSED_DISABLE_PDL");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  if (disabled) return false;
+  const int device = detail::current_device();
+  return device >= 0 && detail::cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
+}
+
+}  // namespace fused::cuda::util

@@ -1,0 +1,50 @@
+// Programmatic dependent launch (PDL, sm90+): a kernel launched with `launch_dependent` may start
+// while the kernel before it in the stream is still finishing, so its launch latency and prologue
+// hide behind that kernel's tail instead of leaving a gap on the GPU.
+//
+// Contract of every kernel launched this way:
+//   1. `wait_for_prerequisites()` before its first global-memory access (read or write): it returns
+//      once the previous kernel has completed and its writes are visible. Nothing is read early.
+//   2. `allow_dependents_to_launch()` once its own CTAs are resident: only a hint (the next kernel
+//      still waits in its step 1), so any place is correct; early is cheapest.
+// On older GPUs both are no-ops and the launch attribute is not set: plain stream order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/device_info.h"
+
+namespace fused::cuda::util {
+
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependents_to_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the
+// previous kernel in the stream (where the device supports it).
+template <class... KernelArgs, class... Args>
+Status launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        const char* what, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = current_device_has_pdl() ? 1 : 0;
+  return cuda_status(cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...), what);
+}
+
+}  // namespace fused::cuda::util

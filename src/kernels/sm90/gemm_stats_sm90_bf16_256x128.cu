@@ -1,0 +1,14 @@
+// sm90 GEMM + column statistics, bf16 inputs, 256x128 cooperative tile (one instantiation per TU).
+#include "kernels/sm90/gemm_stats_sm90.cuh"
+
+namespace fused::sm90::instances {
+
+Status run_bf16_256x128(const GemmStatsArgs& args, void* workspace, cudaStream_t stream) {
+  return detail::run<cutlass::bfloat16_t, detail::DefaultConfig>(args, workspace, stream);
+}
+
+std::size_t workspace_bf16_256x128(const GemmStatsArgs& args) {
+  return detail::workspace_bytes<cutlass::bfloat16_t, detail::DefaultConfig>(args);
+}
+
+}  // namespace fused::sm90::instances

@@ -1,0 +1,14 @@
+// sm90 GEMM + column statistics, fp32 inputs, tf32 tensor-core MMA, 256x128 cooperative tile (one instantiation per TU).
+#include "kernels/sm90/gemm_stats_sm90.cuh"
+
+namespace fused::sm90::instances {
+
+Status run_tf32_256x128(const GemmStatsArgs& args, void* workspace, cudaStream_t stream) {
+  return detail::run<float, detail::DefaultConfig>(args, workspace, stream);
+}
+
+std::size_t workspace_tf32_256x128(const GemmStatsArgs& args) {
+  return detail::workspace_bytes<float, detail::DefaultConfig>(args);
+}
+
+}  // namespace fused::sm90::instances
