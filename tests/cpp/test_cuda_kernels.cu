@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "fused/detail/bn_math.h"
@@ -78,7 +79,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ColumnPartialsGpu,
                          ::testing::Values(std::make_tuple(int64_t{2}, int64_t{1}, 0.0),
                                            std::make_tuple(int64_t{129}, int64_t{33}, 3.0),
                                            std::make_tuple(int64_t{1000}, int64_t{70}, 1e3),
-                                           std::make_tuple(int64_t{4096}, int64_t{256}, 1.0)));
+                                           std::make_tuple(int64_t{4096}, int64_t{256}, 1.0)),
+                         [](const ::testing::TestParamInfo<std::tuple<int64_t, int64_t, double>>& info) {
+                           return "M" + std::to_string(std::get<0>(info.param)) + "_N" +
+                                  std::to_string(std::get<1>(info.param)) + "_ratio" +
+                                  std::to_string(static_cast<int64_t>(std::get<2>(info.param)));
+                         });
 
 // (M, N, ldy): vector stores (N % 4 == 0), scalar stores (odd N), padded rows (ldy > N).
 class BiasRowsGpu : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t>> {};
@@ -113,7 +119,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BiasRowsGpu,
                                            std::make_tuple(int64_t{777}, int64_t{8192}, int64_t{8192}),
                                            std::make_tuple(int64_t{300}, int64_t{1001}, int64_t{1001}),
                                            std::make_tuple(int64_t{65}, int64_t{40}, int64_t{52}),
-                                           std::make_tuple(int64_t{3}, int64_t{70000}, int64_t{70000})));
+                                           std::make_tuple(int64_t{3}, int64_t{70000}, int64_t{70000})),
+                         [](const ::testing::TestParamInfo<std::tuple<int64_t, int64_t, int64_t>>& info) {
+                           return "M" + std::to_string(std::get<0>(info.param)) + "_N" +
+                                  std::to_string(std::get<1>(info.param)) + "_ldy" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
 
 TEST(FinalizeGpu, MatchesCpuBitForBit) {
   REQUIRE_GPU();
