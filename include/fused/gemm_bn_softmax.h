@@ -6,11 +6,12 @@
 //
 // Data flow on CUDA:
 //   [1] y and per-row-tile column partials: the sm90 GEMM with its statistics epilogue
-//       (GemmPath::kSm90), or y written by the caller (cuBLAS) + column_partials()
-//       (GemmPath::kExternal)
-//   [2] finalize(): partials -> mean, invstd, running-stat update, folded ColumnAffine
-//   [3] row_softmax(): out = softmax(a * (y - shift) + c), and each row's log-normaliser for the backward
-// The CPU implementation (fused::cpu) follows the same steps on host memory.
+//       (GemmPath::kSm90), or cuBLASLt's GEMM with its bias epilogue + a column-partials kernel
+//       (GemmPath::kGeneric); cuda::choose_path() decides
+//   [2] finalize: partials -> mean, invstd, running-stat update, folded per-column affine map
+//   [3] row softmax: out = softmax(a * (y - shift) + c), and each row's log-normaliser for the backward
+// The CPU implementation (fused::cpu) follows the same steps on host memory, from a y the caller
+// computed.
 #pragma once
 
 #include <functional>
@@ -62,61 +63,73 @@ void serial_for(int64_t n, int64_t grain, const std::function<void(int64_t, int6
 Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
                       const ParallelFor& parallel_for = serial_for);
 
-// The steps, exposed for tests. Row tiles of `row_tile` rows, as the CUDA partials.
-void column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnStatsPartials& out);
-void finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
-              float* save_invstd, const ColumnAffine& affine);
-// out has dtype `dtype`; fp32 math, row max subtracted. row_lse (M floats) may be null.
-void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                 int64_t ldo, ElementType dtype, float* row_lse = nullptr);
-
 }  // namespace cpu
 
 namespace cuda {
 
 // Where y and the column partials come from.
 enum class GemmPath : int {
-  kSm90 = 0,      // CUTLASS sm90 GEMM with the column-statistics epilogue (Hopper, bf16/fp16/tf32)
-  kExternal = 1,  // the caller wrote y (e.g. cuBLAS); the generic column-partials kernel follows
+  kSm90 = 0,     // CUTLASS sm90 GEMM with the column-statistics epilogue (Hopper, bf16/fp16/tf32)
+  kGeneric = 1,  // cuBLASLt GEMM with its bias epilogue, then the generic column-partials kernel (any GPU)
 };
 
 // True when this build holds the sm90 kernels.
 bool sm90_compiled();
-// Whether the sm90 path takes this problem (dtype, precision, 16-byte TMA alignment of x, W, y).
-// Does not query the device; the caller checks for compute capability 9.x.
-Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b);
-// Whether the sm90 path is expected to be faster than the generic one on a GPU with `num_sms`
-// multiprocessors (auto dispatch; both are correct). Grids that 256x128 tiles leave under one wave
-// run a 128x128 ping-pong kernel (2x faster there, level with cuBLAS's GEMM alone), so sm90 wins
-// almost everywhere; the exception is 16-bit inputs whose 128x128 grid is still under one wave with
-// K >= 8192, where cuBLAS's split-K GEMM plus the statistics pass is faster (measured on the H200:
-// M = 256, N = K = 8192 bf16, 74 vs 86 us; bench/results/h200-2026-11-30-*).
-bool sm90_preferred(const ForwardProblem& p, int num_sms);
+
+// What the path rule reads of a GPU.
+struct DeviceProperties {
+  int compute_capability_major = 0;
+  int multiprocessor_count = 0;
+};
+// The properties of `device`, queried once per device and cached (no synchronisation, no allocation).
+Status device_properties(int device, DeviceProperties* out);
+
+// The path a caller asks for. kAuto reads the environment variable GEMM_BN_SOFTMAX_PATH
+// ("auto", "sm90" or "generic"; unset or empty = "auto"), then applies the rule.
+enum class PathRequest : int { kAuto = 0, kSm90 = 1, kGeneric = 2 };
+
+// The one place that decides the path. A forced path (request or environment) is taken or refused
+// with kNotSupported and the reason, never replaced by another. The automatic rule:
+//   1. sm90 needs a build with the sm90 kernels, a GPU of compute capability 9.x, bf16/fp16 or
+//      tf32 (exact fp32, precision "highest", is cuBLASLt's job), and TMA's operand rules: 16-byte
+//      aligned x, W and y, K and the row strides of x and W multiples of 16 bytes, N and y's row
+//      stride multiples of 4, M, N and K below 2^31;
+//   2. tf32 with a tiny batch (M <= kExactFp32MaxBatch) runs the generic path in exact fp32: at
+//      such M the GEMM is bound by reading W, so TF32 buys no time, while its rounding, which
+//      BatchNorm amplifies at tiny batches, costs accuracy (measured against float64 at M = 2..10:
+//      3e-4..3e-2 in TF32, 3e-7..2e-5 in exact fp32);
+//   3. grids that 256x128 tiles leave under one wave run the sm90 path's 128x128 ping-pong kernel
+//      (2x faster there, level with cuBLAS's GEMM alone), so sm90 wins almost everywhere; the
+//      exception is 16-bit inputs whose 128x128 grid is still under one wave with K >= 8192, where
+//      cuBLASLt's split-K GEMM plus the statistics pass is faster (measured on the H200: M = 256,
+//      N = K = 8192 bf16, 74 vs 86 us per call; tf32 there: sm90 122 vs generic 137 us). There the
+//      generic path runs; otherwise sm90.
+// Buffers not allocated yet may be null (x, weight or y, with a row stride of 0): they are taken
+// as fresh allocations, 256-byte aligned with dense rows, as any CUDA allocator returns; so a caller
+// can ask before allocating anything. Reads no device memory.
+constexpr int64_t kExactFp32MaxBatch = 16;
+Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& device,
+                   PathRequest request, GemmPath* path);
 
 // Device workspace for forward(); 256-byte aligned pointer expected. Each region 256-byte aligned:
 //   partials mean + M2   2 * ceil(M / row_tile) * ld floats  (sm90: row_tile 256, or 128 for grids
 //                                                            under one wave; ld = round_up(N, 128);
 //                                                            generic: row_tile 128, ld = round_up(N, 4))
 //   folded a, c          2 * N floats
-//   the sm90 GEMM's own  (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule)
-// Headline problem (M = 1024, N = 8192): 320 KiB on the sm90 path, 576 KiB on the generic path.
-// The outputs (out, y, save_mean, save_invstd) are the caller's, not part of the workspace.
+//   sm90: the GEMM's own (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule)
+//   generic: the bias in fp32 (N floats) and cuBLASLt's workspace: 1 MiB + room for 8 fp32 copies
+//            of y (split-K partial products), at most 32 MiB (what PyTorch gives cuBLAS on Hopper)
+// Headline problem (M = 1024, N = 8192): 320 KiB on the sm90 path, 32.6 MiB on the generic path.
+// The outputs (out, y, save_mean, save_invstd, row_lse) are the caller's, not part of the workspace.
 std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path);
 
-// The whole forward, stream-ordered on `stream`, no host synchronisation.
+// The whole forward on the current device, stream-ordered on `stream`, no host synchronisation and
+// no allocation: [1] y = x W^T + b and its column partials (sm90: one kernel; generic: cuBLASLt on a
+// per-thread, per-device handle, then the partials kernel), [2] finalize, [3] row softmax.
+// `path` usually comes from choose_path(); a path the problem or the GPU cannot take is refused.
+// The generic GEMM runs exact fp32 for precision kHighest, and for kTF32 at M <= kExactFp32MaxBatch.
 Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,
                void* workspace, std::size_t workspace_size, cudaStream_t stream);
-
-// The architecture-neutral kernels, exposed for tests.
-// y[i, :] = bias (x's element type) for i < M: the C operand the generic path hands cuBLAS.
-Status bias_rows(const void* bias, ElementType dtype, float* y, int64_t ldy, int64_t M, int64_t N,
-                 cudaStream_t stream);
-Status column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnStatsPartials& out,
-                       cudaStream_t stream);
-Status finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
-                float* save_invstd, const ColumnAffine& affine, cudaStream_t stream);
-Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                   int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fused

@@ -3,8 +3,8 @@
 // synchronisation. The GEMMs dx = dy W and dW = dy^T x are the caller's.
 #include "fused/backward.h"
 #include "kernels/backward/backward_kernels.h"
-#include "kernels/common/cuda_check.h"
-#include "kernels/common/nvtx.h"
+#include "util/cuda_check.h"
+#include "util/nvtx.h"
 
 namespace fused::cuda {
 namespace {

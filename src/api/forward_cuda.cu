@@ -1,10 +1,14 @@
-// The CUDA forward: carves the workspace, runs [1] (sm90 GEMM + statistics epilogue, or the
-// generic column partials over a caller-written y), [2] finalize and [3] row softmax, all
-// stream-ordered, no host synchronisation.
+// The CUDA forward: carves the workspace, runs [1] (sm90 GEMM + statistics epilogue, or cuBLASLt's
+// GEMM + the generic column partials), [2] finalize and [3] row softmax, all stream-ordered, no
+// host synchronisation, no allocation.
+#include <cuda_runtime_api.h>
+
+#include "api/dispatch.h"
+#include "api/forward_steps.h"
 #include "fused/gemm_bn_softmax.h"
-#include "kernels/common/cuda_check.h"
-#include "kernels/common/device_info.h"
-#include "kernels/common/nvtx.h"
+#include "kernels/generic/cublaslt_gemm.h"
+#include "util/cuda_check.h"
+#include "util/nvtx.h"
 #if defined(FUSED_WITH_SM90)
 #include "kernels/sm90/gemm_stats_sm90.h"
 #endif
@@ -16,12 +20,13 @@ constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 #if defined(FUSED_WITH_SM90)
-// The sm90 kernel shape for this problem on the current device (SM count cached per device).
+// The sm90 kernel shape for this problem on the current device (properties cached per device).
 Status sm90_tile(const ForwardProblem& p, sm90::Sm90Tile& tile) {
-  int device = 0, sms = 0;
+  int device = 0;
   FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice failed"));
-  FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
-  tile = sm90::choose_tile(p.M, p.N, sms);
+  DeviceProperties props;
+  FUSED_RETURN_IF_ERROR(device_properties(device, &props));
+  tile = sm90::choose_tile(p.M, p.N, props.multiprocessor_count);
   return Status::Ok();
 }
 #endif
@@ -37,7 +42,7 @@ Status partials_geometry(const ForwardProblem& p, GemmPath path, ColumnStatsPart
     g.ld = sm90::partials_ld(p.N);
   }
 #endif
-  if (path == GemmPath::kExternal) {
+  if (path == GemmPath::kGeneric) {
     g.row_tile = 128;
     g.ld = (p.N + 3) / 4 * 4;
   }
@@ -58,71 +63,67 @@ sm90::GemmStatsArgs gemm_args(const ForwardProblem& p, const ForwardBuffers& b, 
 }
 #endif
 
+// The path's own GEMM workspace (after the partials and the folded map).
+std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, const ColumnStatsPartials& partials) {
+#if defined(FUSED_WITH_SM90)
+  if (path == GemmPath::kSm90)
+    return align_up(sm90::gemm_workspace_bytes(p.dtype, gemm_args(p, ForwardBuffers{}, partials)));
+#else
+  (void)partials;
+#endif
+  if (path == GemmPath::kGeneric)
+    return align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + align_up(generic::cublaslt_workspace_bytes(p));
+  return 0;
+}
+
+// [1] of the generic path: y = x W^T + b through cuBLASLt (bias in fp32 from `bias_f32`, a
+// workspace row), then the column partials when batch statistics are used.
+Status generic_gemm(const ForwardProblem& p, const ForwardBuffers& b, char* gemm_workspace, std::size_t size,
+                    cudaStream_t stream) {
+  float* bias_f32 = nullptr;
+  if (b.bias != nullptr) {
+    if (p.dtype == ElementType::kFloat32 && util::aligned16(b.bias)) {
+      bias_f32 = static_cast<float*>(const_cast<void*>(b.bias));
+    } else {  // cuBLASLt's bias epilogue reads the bias in y's type, and fastest from aligned memory
+      bias_f32 = reinterpret_cast<float*>(gemm_workspace);
+      FUSED_RETURN_IF_ERROR(bias_rows(b.bias, p.dtype, bias_f32, p.N, 1, p.N, stream));
+    }
+  }
+  const std::size_t bias_bytes = align_up(sizeof(float) * static_cast<std::size_t>(p.N));
+  if (p.K == 0) {  // no product: y = b (or 0)
+    if (b.bias != nullptr) return bias_rows(b.bias, p.dtype, b.y, b.ldy, p.M, p.N, stream);
+    return util::cuda_status(cudaMemset2DAsync(b.y, sizeof(float) * b.ldy, 0, sizeof(float) * p.N, p.M, stream),
+                             "cudaMemset2DAsync(y)");
+  }
+  return generic::gemm_bias(p, b, bias_f32, gemm_workspace + bias_bytes, size - bias_bytes, stream);
+}
+
 }  // namespace
-
-bool sm90_compiled() {
-#if defined(FUSED_WITH_SM90)
-  return true;
-#else
-  return false;
-#endif
-}
-
-Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
-  if (!sm90_compiled()) return {StatusCode::kNotSupported, "sm90 kernels not compiled into this build"};
-  if (p.dtype == ElementType::kFloat32 && p.precision != MatmulPrecision::kTF32)
-    return {StatusCode::kNotSupported, "exact fp32 (precision 'highest') runs on the generic path"};
-  if (p.M == 0 || p.N == 0 || p.K == 0) return {StatusCode::kNotSupported, "empty problem"};
-  // TMA: 16-byte aligned base addresses and row strides of x and W; y stored with N % 4 == 0.
-  const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
-  if (p.K % per16 != 0 || b.ldx % per16 != 0 || b.ldw % per16 != 0)
-    return {StatusCode::kNotSupported, "K and the row strides of x and W must be multiples of 16 bytes (TMA)"};
-  if (p.N % 4 != 0 || b.ldy % 4 != 0) return {StatusCode::kNotSupported, "N must be a multiple of 4 (TMA store of y)"};
-  if (!util::aligned16(b.x) || !util::aligned16(b.weight) || !util::aligned16(b.y))
-    return {StatusCode::kNotSupported, "x, W and y must be 16-byte aligned (TMA)"};
-  if (p.M > 0x7fffffff || p.N > 0x7fffffff || p.K > 0x7fffffff)
-    return {StatusCode::kNotSupported, "dimensions must fit in int32"};
-  return Status::Ok();
-}
-
-bool sm90_preferred(const ForwardProblem& p, int num_sms) {
-#if defined(FUSED_WITH_SM90)
-  // Measured on the H200 (bench/results/h200-2026-11-30-*): with the 128x128 ping-pong kernel for
-  // underfilled grids the sm90 path wins everywhere except 16-bit inputs whose 128x128 grid is still
-  // under one wave with a long K loop (M = 256, N = K = 8192: 86 vs 74 us per call), where cuBLAS
-  // splits K. tf32 at that shape: sm90 122 vs generic 137 us.
-  const int64_t tiles_128x128 = util::ceil_div(p.M, 128) * util::ceil_div(p.N, sm90::kCtaTileN);
-  const bool sixteen_bit = p.dtype == ElementType::kBFloat16 || p.dtype == ElementType::kFloat16;
-  return !(sixteen_bit && tiles_128x128 < num_sms && p.K >= 8192);
-#else
-  (void)p, (void)num_sms;
-  return false;
-#endif
-}
 
 std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path) {
   ColumnStatsPartials g;
   if (!partials_geometry(p, path, g).ok()) return 0;
-  std::size_t bytes = 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +
-                      2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N));
-#if defined(FUSED_WITH_SM90)
-  if (path == GemmPath::kSm90) {
-    ForwardBuffers none;
-    bytes += align_up(sm90::gemm_workspace_bytes(p.dtype, gemm_args(p, none, g)));
-  }
-#endif
-  return bytes;
+  return 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +
+         2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + gemm_bytes(p, path, g);
 }
 
 Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,
                void* workspace, std::size_t workspace_size, cudaStream_t stream) {
   FUSED_RETURN_IF_ERROR(validate(p, b, bn));
-  if (path == GemmPath::kSm90) FUSED_RETURN_IF_ERROR(sm90_can_implement(p, b));
+  if (path != GemmPath::kSm90 && path != GemmPath::kGeneric) return {StatusCode::kInvalidArgument, "unknown GemmPath"};
+  if (path == GemmPath::kSm90) {
+    int device = 0;
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+    DeviceProperties props;
+    FUSED_RETURN_IF_ERROR(device_properties(device, &props));
+    FUSED_RETURN_IF_ERROR(sm90_device_ok(props));
+    FUSED_RETURN_IF_ERROR(sm90_can_implement(p, b));
+  }
   if (workspace_size < workspace_bytes(p, path) || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
-    return {StatusCode::kInvalidArgument, "workspace too small or not 256-byte aligned"};
+    return {StatusCode::kInvalidArgument, "workspace too small or not 256-byte aligned (workspace_bytes)"};
   if (p.N == 0) return Status::Ok();
 
-  // Workspace: [partials.mean | partials.m2 | a | c | gemm workspace]
+  // Workspace: [partials.mean | partials.m2 | a | c | the path's GEMM workspace]
   ColumnStatsPartials partials;
   FUSED_RETURN_IF_ERROR(partials_geometry(p, path, partials));
   auto* cursor = static_cast<char*>(workspace);
@@ -136,6 +137,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
   partials.m2 = reinterpret_cast<float*>(take(partial_bytes));
   const ColumnAffine affine{b.save_mean, reinterpret_cast<float*>(take(sizeof(float) * p.N)),
                             reinterpret_cast<float*>(take(sizeof(float) * p.N))};
+  const std::size_t gemm_size = workspace_size - static_cast<std::size_t>(cursor - static_cast<char*>(workspace));
   const bool batch_stats = bn.uses_batch_stats();
 
   if (p.M > 0) {
@@ -151,9 +153,15 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
         default: return {StatusCode::kNotSupported, "sm90 GEMM: unsupported dtype"};
       }
 #endif
-    } else if (batch_stats) {
-      util::NvtxRange range("fused::column_partials");
-      FUSED_RETURN_IF_ERROR(column_partials(b.y, b.ldy, p.M, p.N, partials, stream));
+    } else {
+      {
+        util::NvtxRange range("fused::gemm_cublaslt");
+        FUSED_RETURN_IF_ERROR(generic_gemm(p, b, cursor, gemm_size, stream));
+      }
+      if (batch_stats) {
+        util::NvtxRange range("fused::column_partials");
+        FUSED_RETURN_IF_ERROR(column_partials(b.y, b.ldy, p.M, p.N, partials, stream));
+      }
     }
   }
   {

@@ -8,6 +8,7 @@
 
 #include "fused/detail/half_bits.h"
 #include "fused/detail/bn_math.h"
+#include "api/forward_steps.h"
 #include "fused/gemm_bn_softmax.h"
 
 namespace fused::cpu {

@@ -54,16 +54,14 @@ Grads gemm_bn_softmax_backward_meta(const BackwardArgs& a) {
   return allocate_grads(a);
 }
 
+// The path depends on the Linear operands only: the BN arguments are absent (nothing is allocated
+// to stand in for them), and the selectors read only what check_linear_args checks.
 template <std::string (*Impl)(const OpArgs&)>
 std::string path_entry(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
                        const OptString& precision, const OptString& path) {
-  const OptTensor none;
-  const auto f32 = x.options().dtype(at::kFloat);
-  const at::Tensor scale = at::ones({1}, f32);
-  // Path selection does not depend on the BN arguments: stand in an eval problem with running
-  // statistics, which takes any batch size (a batch of 1 included).
-  const OptTensor running = at::zeros({weight.size(0)}, f32);
-  return Impl(OpArgs{x, weight, bias, none, none, running, running, none, scale, /*training=*/false, 0.1, 1e-5,
+  static const OptTensor none;
+  static const at::Tensor no_scale;
+  return Impl(OpArgs{x, weight, bias, none, none, none, none, none, no_scale, /*training=*/false, 0.1, 1e-5,
                      precision, path, std::nullopt, std::nullopt});
 }
 

@@ -42,7 +42,7 @@ class MathModeGuard {
 }  // namespace
 
 void gemm_row_major(int64_t m, int64_t n, int64_t k, const GemmOperand& a, const GemmOperand& b, at::ScalarType ab_type,
-                    void* c, int64_t ldc, at::ScalarType c_type, MatmulPrecision precision, float beta) {
+                    void* c, int64_t ldc, at::ScalarType c_type, MatmulPrecision precision) {
   if (m == 0 || n == 0) return;
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   TORCH_CHECK(m <= kMax && n <= kMax && k <= kMax && a.ld <= kMax && b.ld <= kMax && ldc <= kMax,
@@ -57,7 +57,7 @@ void gemm_row_major(int64_t m, int64_t n, int64_t k, const GemmOperand& a, const
                                                                 CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   MathModeGuard guard(handle, mode);
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const float alpha = 1.0f;
+  const float alpha = 1.0f, beta = 0.0f;
   // cuBLAS is column-major: the row-major C = A B is the column-major C^T = B^T A^T, and a row-major
   // matrix read column-major is its transpose.
   FUSED_CUBLAS_CHECK(cublasGemmEx(handle, b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N,

@@ -75,11 +75,10 @@ ElementType element_type(at::ScalarType t);
 MatmulPrecision resolve_precision(const OpArgs& a);
 MatmulPrecision resolve_precision(at::ScalarType linear_dtype, const std::optional<std::string>& precision);
 
-// The CPU "path": validates, and refuses a forced CUDA path. op_cpu.cpp.
+// The path the op would take for these Linear operands (check_linear_args only, nothing allocated):
+// "cpu" (a forced CUDA path is refused; op_cpu.cpp), or "sm90" / "generic" as
+// fused::cuda::choose_path decides (op_cuda.cpp).
 std::string select_cpu_path(const OpArgs& a);
-
-// The CUDA path the op takes: "sm90" or "generic" (forced by the `path` argument or the
-// GEMM_BN_SOFTMAX_PATH environment variable; forcing an impossible path throws). op_cuda.cpp.
 std::string select_cuda_path(const OpArgs& a);
 
 // BN vectors as the library reads them: as given when they share one dtype and are contiguous

@@ -11,17 +11,24 @@ void parallel(int64_t n, int64_t grain, const std::function<void(int64_t, int64_
   at::parallel_for(0, n, grain, body);
 }
 
+// GEMM_BN_SOFTMAX_PATH is a process-wide setting for CUDA calls: CPU calls ignore it. The `path`
+// argument belongs to this call: a CUDA path forced with CPU tensors is refused.
+void refuse_forced_cuda_path(const OpArgs& a) {
+  TORCH_CHECK(!a.path.has_value() || *a.path == "auto", "path='", *a.path,
+              "' forces a CUDA path, but the inputs are on the CPU");
+}
+
 }  // namespace
 
 std::string select_cpu_path(const OpArgs& a) {
-  check_args(a);
-  TORCH_CHECK(!a.path.has_value() || *a.path == "auto", "path='", *a.path,
-              "' forces a CUDA path, but the inputs are on the CPU");
+  check_linear_args(a);
+  refuse_forced_cuda_path(a);
   return "cpu";
 }
 
 Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
-  select_cpu_path(a);
+  check_args(a);
+  refuse_forced_cuda_path(a);
   auto [out, save_mean, save_invstd, y, row_lse] = allocate_outputs(a);
   // y = x W^T + b in fp32 (operands rounded to the compute dtype, then upcast: fp32 accumulation, fp32 y).
   const LinearOperands lin = linear_operands(a);

@@ -1,16 +1,13 @@
-// CUDA kernels of fused::gemm_bn_softmax and its backward. The forward picks the path (sm90 GEMM
-// with the statistics epilogue, or cuBLAS + the generic column-partials kernel); the backward runs
-// the library's steps up to dy, then cuBLAS GEMMs in the forward's precision. Both allocate through
-// the caching allocator (CUDA-graph safe) and launch on the current stream, no host synchronisation.
+// CUDA kernels of fused::gemm_bn_softmax and its backward. The forward is the library's whole
+// fused::cuda::forward on the path fused::cuda::choose_path picks; the backward runs the library's
+// steps up to dy, then cuBLAS GEMMs in the forward's precision. Both allocate through the caching
+// allocator (CUDA-graph safe) and launch on the current stream, no host synchronisation.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <atomic>
-#include <cstdlib>
-#include <limits>
+#include <algorithm>
 
 #include "cublas_gemm.h"
 #include "op_common.h"
@@ -18,24 +15,10 @@
 namespace fused::torch_op {
 namespace {
 
-// A device attribute, cached per device (cudaDeviceGetAttribute does not synchronise).
-template <cudaDeviceAttr kAttr>
-int device_attribute(int device) {
-  static std::array<std::atomic<int>, 64> cache{};  // 0 = unknown
-  if (device < 0 || device >= static_cast<int>(cache.size())) return 0;
-  int value = cache[device].load(std::memory_order_relaxed);
-  if (value == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, device));
-    cache[device].store(value, std::memory_order_relaxed);
-  }
-  return value;
-}
-
 // The operands as the kernels read them: unit column stride and a row stride >= K, else a
 // contiguous copy (transposed or broadcast views give correct results, never garbage).
-at::Tensor as_row_major(const at::Tensor& t) {
-  return (t.stride(1) == 1 && t.stride(0) >= t.size(1) && t.size(1) > 0) ? t : t.contiguous();
-}
+bool is_row_major(const at::Tensor& t) { return t.stride(1) == 1 && t.stride(0) >= t.size(1) && t.size(1) > 0; }
+at::Tensor as_row_major(const at::Tensor& t) { return is_row_major(t) ? t : t.contiguous(); }
 
 // x, weight, bias in the compute dtype, with the rows the kernels can read.
 LinearOperands operands(const OpArgs& a) {
@@ -68,56 +51,45 @@ ForwardBuffers buffers(const LinearOperands& o, const Outputs& outs) {
   return b;
 }
 
-std::string select(const OpArgs& a, const LinearOperands& o, const Outputs& outs) {
-  std::string want = a.path.value_or("auto");
-  if (want == "auto") {
-    if (const char* env = std::getenv("GEMM_BN_SOFTMAX_PATH"); env != nullptr && *env != '\0') {
-      want = env;
-      TORCH_CHECK(want == "auto" || want == "sm90" || want == "generic",
-                  "GEMM_BN_SOFTMAX_PATH must be 'auto', 'sm90' or 'generic', got '", want, "'");
-    }
+// The operands' pointers and row strides as the kernels will read them, without converting or
+// copying anything: an operand the op would convert or copy first is left null, which
+// choose_path takes as a fresh allocation; y is allocated by the op.
+ForwardBuffers planned_buffers(const OpArgs& a) {
+  ForwardBuffers b;
+  auto read_in_place = [&](const at::Tensor& t) {
+    return t.scalar_type() == a.linear_dtype() && is_row_major(t);
+  };
+  if (read_in_place(a.x)) {
+    b.x = a.x.data_ptr();
+    b.ldx = std::max<int64_t>(a.x.stride(0), a.x.size(1));
   }
-  if (want == "generic") return want;
-  std::string why;
-  const int device = a.x.get_device();
-  if (device_attribute<cudaDevAttrComputeCapabilityMajor>(device) != 9) {
-    why = "the GPU is not compute capability 9.x (Hopper)";
-  } else if (Status s = cuda::sm90_can_implement(problem(a), buffers(o, outs)); !s.ok()) {
-    why = s.message;
+  if (read_in_place(a.weight)) {
+    b.weight = a.weight.data_ptr();
+    b.ldw = std::max<int64_t>(a.weight.stride(0), a.weight.size(1));
   }
-  if (why.empty()) {
-    const bool faster = cuda::sm90_preferred(problem(a), device_attribute<cudaDevAttrMultiProcessorCount>(device));
-    return (want == "sm90" || faster) ? "sm90" : "generic";
-  }
-  TORCH_CHECK(want != "sm90", "path='sm90' was requested but the sm90 kernel cannot run this problem: ", why);
-  return "generic";
+  return b;
 }
 
-// y = x W^T + b in fp32 through cuBLAS (the generic path's [1]); the bias goes in as C, beta = 1.
-void external_gemm(const OpArgs& a, const LinearOperands& o, at::Tensor& y) {
-  if (a.M() == 0 || a.N() == 0) return;
-  float beta = 0.0f;
-  if (o.bias.defined()) {  // fp32 C = b broadcast over the rows
-    throw_on_error(cuda::bias_rows(o.bias.data_ptr(), element_type(o.bias.scalar_type()), y.data_ptr<float>(),
-                                   y.stride(0), a.M(), a.N(), c10::cuda::getCurrentCUDAStream().stream()),
-                   "gemm_bn_softmax (CUDA)");
-    beta = 1.0f;
-  }
-  if (a.K() == 0) {  // cuBLAS needs k >= 1 for a defined product; y = b (or 0)
-    if (!o.bias.defined()) y.zero_();
-    return;
-  }
-  gemm_row_major(a.M(), a.N(), a.K(), {o.x.data_ptr(), o.x.stride(0), false},
-                 {o.weight.data_ptr(), o.weight.stride(0), /*transposed=*/true}, o.x.scalar_type(), y.data_ptr(),
-                 y.stride(0), at::kFloat, resolve_precision(a), beta);
+cuda::PathRequest path_request(const OpArgs& a) {
+  if (a.path == "sm90") return cuda::PathRequest::kSm90;
+  if (a.path == "generic") return cuda::PathRequest::kGeneric;
+  return cuda::PathRequest::kAuto;
+}
+
+cuda::GemmPath choose(const OpArgs& a, const ForwardBuffers& b) {
+  cuda::DeviceProperties device;
+  throw_on_error(cuda::device_properties(a.x.get_device(), &device), "gemm_bn_softmax (CUDA)");
+  cuda::GemmPath path = cuda::GemmPath::kGeneric;
+  throw_on_error(cuda::choose_path(problem(a), b, device, path_request(a), &path), "gemm_bn_softmax (CUDA)");
+  return path;
 }
 
 }  // namespace
 
 std::string select_cuda_path(const OpArgs& a) {
-  check_args(a);
+  check_linear_args(a);
   c10::cuda::CUDAGuard guard(a.x.device());
-  return select(a, operands(a), allocate_outputs(a));
+  return choose(a, planned_buffers(a)) == cuda::GemmPath::kSm90 ? "sm90" : "generic";
 }
 
 Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
@@ -125,16 +97,14 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   c10::cuda::CUDAGuard guard(a.x.device());
   Outputs outs = allocate_outputs(a);
   const LinearOperands o = operands(a);
-  const std::string path = select(a, o, outs);
-  const cuda::GemmPath gemm_path = path == "sm90" ? cuda::GemmPath::kSm90 : cuda::GemmPath::kExternal;
-  if (gemm_path == cuda::GemmPath::kExternal) external_gemm(a, o, std::get<3>(outs));
-
+  const ForwardBuffers b = buffers(o, outs);
+  const cuda::GemmPath path = choose(a, b);
   const BatchNormTensors bnt = prepare_batchnorm(a);
   const ForwardProblem p = problem(a);
-  const std::size_t ws_bytes = cuda::workspace_bytes(p, gemm_path);
+  const std::size_t ws_bytes = cuda::workspace_bytes(p, path);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.x.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.x.get_device()).stream();
-  throw_on_error(cuda::forward(p, buffers(o, outs), bnt.args(a), gemm_path, workspace.data_ptr(), ws_bytes, stream),
+  throw_on_error(cuda::forward(p, b, bnt.args(a), path, workspace.data_ptr(), ws_bytes, stream),
                  "gemm_bn_softmax (CUDA)");
   bnt.commit(a);
   return outs;

@@ -8,7 +8,7 @@
 
 #include "fused/detail/half_bits.h"
 #include "fused/detail/bn_math.h"
-#include "fused/gemm_bn_softmax.h"
+#include "api/forward_steps.h"
 #include "test_util.h"
 
 namespace fused {

@@ -13,7 +13,7 @@
 
 #include "fused/detail/bn_math.h"
 #include "fused/detail/half_bits.h"
-#include "fused/gemm_bn_softmax.h"
+#include "api/forward_steps.h"
 #include "test_util.h"
 
 namespace fused {

@@ -193,3 +193,57 @@ def test_auto_dispatch_runs_underfilled_grids_on_the_small_sm90_tile():
 def test_non_hopper_uses_generic():
     x, w = torch.rand(8, 16, device="cuda", dtype=torch.bfloat16), torch.rand(8, 16, device="cuda", dtype=torch.bfloat16)
     assert gbs.dispatch_path(x, w) == "generic"
+
+
+@pytest.mark.skipif(not IS_HOPPER, reason="dispatch to sm90 needs a Hopper GPU")
+def test_tiny_tf32_batches_run_exact_fp32_on_the_generic_path():
+    """M <= 16 in tf32: the generic path in exact fp32 (W-bound GEMM: TF32 buys no time, and BatchNorm
+    amplifies its rounding at tiny batches). Rule: fused::cuda::choose_path."""
+    n, k = 2048, 4096
+    w = torch.randn(n, k, device="cuda") / k ** 0.5
+    b = torch.randn(n, device="cuda")
+    for m in (2, 5, 10, 16):
+        x = torch.rand(m, k, device="cuda")
+        assert gbs.dispatch_path(x, w, b, precision="tf32") == "generic", m
+        want, y64 = functional_ref64(x, w, b)
+        out, _, _, y, _ = torch.ops.fused.gemm_bn_softmax(x, w, b, None, None, None, None, None,
+                                                          torch.ones(1, device="cuda"), True, 0.1, 1e-5, "tf32", None)
+        exact, _, _, y_exact, _ = torch.ops.fused.gemm_bn_softmax(x, w, b, None, None, None, None, None,
+                                                                  torch.ones(1, device="cuda"), True, 0.1, 1e-5,
+                                                                  "highest", None)
+        # exact fp32 accuracy: y as close to float64 as the "highest" run's (TF32 would be ~5e-4 off)
+        assert rel_err(y, y64) <= max(2 * rel_err(y_exact, y64), 2e-6), m
+        assert rel_err(out, want) <= max(2 * rel_err(exact, want), 1e-5), m
+    x17 = torch.rand(17, k, device="cuda")
+    assert gbs.dispatch_path(x17, w, b, precision="tf32") == "sm90"
+    assert gbs.dispatch_path(torch.rand(8, k, device="cuda"), w, b, precision="tf32", path="sm90") == "sm90"
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed_weight", "bf16", "offset_view"])
+def test_dispatch_path_allocates_nothing(layout):
+    """dispatch_path answers from the operands alone: no output, workspace or stand-in is allocated."""
+    dtype = torch.bfloat16 if layout == "bf16" else torch.float32
+    x, w = torch.rand(64, 256, device="cuda", dtype=dtype), torch.randn(128, 256, device="cuda", dtype=dtype)
+    if layout == "transposed_weight":
+        w = torch.randn(256, 128, device="cuda").t()  # the op would copy it: counts as a fresh allocation
+    if layout == "offset_view":
+        x = torch.rand(64 * 256 + 1, device="cuda")[1:].view(64, 256)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    paths = [gbs.dispatch_path(x, w, None, precision=p) for p in ("tf32", "highest")]
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    assert dtype == torch.bfloat16 or paths[1] == "generic"
+    if IS_HOPPER:
+        assert paths[0] == ("generic" if layout == "offset_view" else "sm90")
+
+
+def test_zero_in_features_gives_the_bias():
+    """K = 0: y = b (no product to run), then BatchNorm and softmax as usual."""
+    for bias in (True, False):
+        x, w = torch.rand(6, 0, device="cuda"), torch.rand(5, 0, device="cuda")
+        b = torch.randn(5, device="cuda") if bias else None
+        out, _, _, y, _ = torch.ops.fused.gemm_bn_softmax(x, w, b, None, None, None, None, None,
+                                                          torch.ones(1, device="cuda"), False, 0.1, 1e-5, None,
+                                                          "generic")
+        assert torch.equal(y, (b if bias else torch.zeros(5, device="cuda")).expand(6, 5))
+        assert torch.allclose(out, torch.full((6, 5), 0.2, device="cuda"))

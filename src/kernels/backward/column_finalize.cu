@@ -6,7 +6,7 @@
 #include "fused/detail/bn_math.h"
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/common/block_reduce.cuh"
-#include "kernels/common/cuda_check.h"
+#include "util/cuda_check.h"
 
 namespace fused::cuda::backward_steps {
 namespace {

@@ -5,7 +5,7 @@
 // dy^T's rows are written in 32-element runs.
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/backward/column_map.cuh"
-#include "kernels/common/cuda_check.h"
+#include "util/cuda_check.h"
 #include "kernels/common/vec8.cuh"
 
 namespace fused::cuda::backward_steps {

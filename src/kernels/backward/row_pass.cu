@@ -6,7 +6,7 @@
 //      one row tile; the 8 row lanes are merged in a fixed order. Deterministic, no atomics.
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/backward/column_map.cuh"
-#include "kernels/common/cuda_check.h"
+#include "util/cuda_check.h"
 #include "kernels/common/vec8.cuh"
 
 namespace fused::cuda::backward_steps {

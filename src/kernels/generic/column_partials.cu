@@ -1,12 +1,12 @@
 // [1'] Generic column partials: per-row-tile (mean, M2) of y, in the same format the sm90
-// epilogue writes (fused::ColumnStatsPartials). Used when y comes from cuBLAS.
+// epilogue writes (fused::ColumnStatsPartials). Used when y comes from cuBLASLt.
 //
 // Block (32 columns, 8 row lanes); grid (column tiles, row tiles). Each thread runs shifted
 // sums over its rows (shift = its first value, so no cancellation when |mean| >> std), then the
 // 8 row lanes are merged with Chan's formula in a fixed order: deterministic, no atomics.
 #include "fused/detail/bn_math.h"
-#include "fused/gemm_bn_softmax.h"
-#include "kernels/common/cuda_check.h"
+#include "api/forward_steps.h"
+#include "util/cuda_check.h"
 
 namespace fused::cuda {
 namespace {

@@ -1,13 +1,14 @@
-// [1, generic] y[i, :] = b for every row: the C operand of the generic path's cuBLAS GEMM
-// (beta = 1 adds x W^T on top). A plain store stream; float4 stores when the rows allow it.
+// [1, generic] y[i, :] = b for i < M, in fp32: one row into the workspace for a 16-bit or unaligned
+// bias (cuBLASLt's bias epilogue reads it in y's type), or every row of y when K = 0. A plain store
+// stream; float4 stores when the rows allow it.
 //
 // Block 256 threads, each owning 4 consecutive columns (their bias values converted once, held in
 // registers); grid (column chunks, row groups), rows strided by the row groups.
 #include <algorithm>
 
 #include "fused/detail/half_bits.h"
-#include "fused/gemm_bn_softmax.h"
-#include "kernels/common/cuda_check.h"
+#include "api/forward_steps.h"
+#include "util/cuda_check.h"
 
 namespace fused::cuda {
 namespace {

@@ -1,0 +1,128 @@
+// The path rule: fused::cuda::choose_path and the device properties it reads.
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "api/dispatch.h"
+#include "util/cuda_check.h"
+#if defined(FUSED_WITH_SM90)
+#include "kernels/sm90/gemm_stats_sm90.h"
+#endif
+
+namespace fused::cuda {
+namespace {
+
+// Every refusal of a forced sm90 path reads "path 'sm90' was requested but the sm90 kernel
+// cannot run this problem: <reason>".
+#define FUSED_SM90_REFUSAL(reason) "path 'sm90' was requested but the sm90 kernel cannot run this problem: " reason
+
+Status refuse(const char* message) { return {StatusCode::kNotSupported, message}; }
+
+// Null buffers are fresh allocations: 256-byte aligned (any CUDA allocator's), dense rows.
+bool aligned16_or_fresh(const void* p) { return p == nullptr || util::aligned16(p); }
+int64_t stride_or_dense(int64_t ld, int64_t dense) { return ld == 0 ? dense : ld; }
+
+// Rule 3 at choose_path(): the 128x128 ping-pong kernel covers underfilled grids, except 16-bit
+// inputs whose 128x128 grid is still under one wave with a long K loop (cuBLASLt splits K there).
+bool sm90_preferred(const ForwardProblem& p, int num_sms) {
+#if defined(FUSED_WITH_SM90)
+  const int64_t tiles_128x128 = util::ceil_div(p.M, 128) * util::ceil_div(p.N, sm90::kCtaTileN);
+  const bool sixteen_bit = p.dtype == ElementType::kBFloat16 || p.dtype == ElementType::kFloat16;
+  return !(sixteen_bit && tiles_128x128 < num_sms && p.K >= 8192);
+#else
+  (void)p, (void)num_sms;
+  return false;
+#endif
+}
+
+Status request_from_environment(PathRequest* out) {
+  const char* env = std::getenv("GEMM_BN_SOFTMAX_PATH");
+  *out = PathRequest::kAuto;
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return Status::Ok();
+  if (std::strcmp(env, "sm90") == 0) {
+    *out = PathRequest::kSm90;
+  } else if (std::strcmp(env, "generic") == 0) {
+    *out = PathRequest::kGeneric;
+  } else {
+    return {StatusCode::kInvalidArgument, "GEMM_BN_SOFTMAX_PATH must be 'auto', 'sm90' or 'generic'"};
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool sm90_compiled() {
+#if defined(FUSED_WITH_SM90)
+  return true;
+#else
+  return false;
+#endif
+}
+
+Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
+  if (!sm90_compiled()) return refuse(FUSED_SM90_REFUSAL("this build holds no sm90 kernels"));
+  if (p.dtype == ElementType::kFloat32 && p.precision != MatmulPrecision::kTF32)
+    return refuse(FUSED_SM90_REFUSAL("exact fp32 (precision 'highest') runs on the generic path"));
+  if (p.M == 0 || p.N == 0 || p.K == 0) return refuse(FUSED_SM90_REFUSAL("empty problem"));
+  // TMA: 16-byte aligned base addresses and row strides of x and W; y stored with N % 4 == 0.
+  const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
+  if (p.K % per16 != 0 || stride_or_dense(b.ldx, p.K) % per16 != 0 || stride_or_dense(b.ldw, p.K) % per16 != 0)
+    return refuse(FUSED_SM90_REFUSAL("K and the row strides of x and W must be multiples of 16 bytes (TMA)"));
+  if (p.N % 4 != 0 || stride_or_dense(b.ldy, p.N) % 4 != 0)
+    return refuse(FUSED_SM90_REFUSAL("N and y's row stride must be multiples of 4 (TMA store of y)"));
+  if (!aligned16_or_fresh(b.x) || !aligned16_or_fresh(b.weight) || !aligned16_or_fresh(b.y))
+    return refuse(FUSED_SM90_REFUSAL("x, W and y must be 16-byte aligned (TMA)"));
+  if (p.M > 0x7fffffff || p.N > 0x7fffffff || p.K > 0x7fffffff)
+    return refuse(FUSED_SM90_REFUSAL("M, N and K must fit in int32"));
+  return Status::Ok();
+}
+
+Status sm90_device_ok(const DeviceProperties& device) {
+  if (device.compute_capability_major != 9)
+    return refuse(FUSED_SM90_REFUSAL("the GPU is not compute capability 9.x (Hopper)"));
+  return Status::Ok();
+}
+
+Status device_properties(int device, DeviceProperties* out) {
+  constexpr int kMaxDevices = 64;
+  // 0 = not queried yet. cudaDeviceGetAttribute does not synchronise, but costs a driver call.
+  static std::array<std::atomic<int>, kMaxDevices> major{}, sms{};
+  if (device < 0 || device >= kMaxDevices) return {StatusCode::kInvalidArgument, "device index out of range [0, 64)"};
+  int m = major[device].load(std::memory_order_relaxed), s = sms[device].load(std::memory_order_relaxed);
+  if (m == 0 || s == 0) {
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device),
+                                            "cudaDeviceGetAttribute(ComputeCapabilityMajor)"));
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, device),
+                                            "cudaDeviceGetAttribute(MultiProcessorCount)"));
+    major[device].store(m, std::memory_order_relaxed);
+    sms[device].store(s, std::memory_order_relaxed);
+  }
+  out->compute_capability_major = m;
+  out->multiprocessor_count = s;
+  return Status::Ok();
+}
+
+Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& device,
+                   PathRequest request, GemmPath* path) {
+  if (request == PathRequest::kAuto) FUSED_RETURN_IF_ERROR(request_from_environment(&request));
+  if (request == PathRequest::kGeneric) {
+    *path = GemmPath::kGeneric;
+    return Status::Ok();
+  }
+  Status sm90_ok = sm90_device_ok(device);
+  if (sm90_ok.ok()) sm90_ok = sm90_can_implement(p, b);
+  if (request == PathRequest::kSm90) {
+    if (!sm90_ok.ok()) return sm90_ok;
+    *path = GemmPath::kSm90;
+    return Status::Ok();
+  }
+  const bool tiny_tf32 = p.dtype == ElementType::kFloat32 && p.M <= kExactFp32MaxBatch;  // rule 2
+  *path = sm90_ok.ok() && !tiny_tf32 && sm90_preferred(p, device.multiprocessor_count) ? GemmPath::kSm90
+                                                                                      : GemmPath::kGeneric;
+  return Status::Ok();
+}
+
+}  // namespace fused::cuda

@@ -1,0 +1,15 @@
+// Internal half of the path rule (fused::cuda::choose_path): the checks forward() repeats for a
+// path it is handed.
+#pragma once
+
+#include "fused/gemm_bn_softmax.h"
+
+namespace fused::cuda {
+
+// Whether the sm90 kernels take this problem and these buffers (build, dtype, precision, TMA's
+// operand rules); null buffers count as fresh allocations (see choose_path). kNotSupported + reason.
+Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b);
+// Whether `device` can run the sm90 kernels (compute capability 9.x).
+Status sm90_device_ok(const DeviceProperties& device);
+
+}  // namespace fused::cuda

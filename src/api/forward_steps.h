@@ -1,0 +1,36 @@
+// The forward's steps below the public API (fused/gemm_bn_softmax.h): the drivers run them in
+// order (src/cpu/forward_cpu.cpp, src/api/forward_cuda.cu) and the tests call them one by one.
+// Torch-free; not installed.
+#pragma once
+
+#include "fused/gemm_bn_softmax.h"
+
+namespace fused {
+
+namespace cpu {
+// Row tiles of `row_tile` rows, as the CUDA partials.
+void column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnStatsPartials& out);
+void finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
+              float* save_invstd, const ColumnAffine& affine);
+// out has dtype `dtype`; fp32 math, row max subtracted. row_lse (M floats) may be null.
+void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
+                 int64_t ldo, ElementType dtype, float* row_lse = nullptr);
+}  // namespace cpu
+
+namespace cuda {
+// y[i, :] = bias (bias_dtype) for i < M. The generic path uses it for a 16-bit bias (cuBLASLt's bias
+// epilogue reads the bias in y's type, fp32: one row into the workspace) and for K = 0 (y = bias).
+Status bias_rows(const void* bias, ElementType bias_dtype, float* y, int64_t ldy, int64_t M, int64_t N,
+                 cudaStream_t stream);
+// [1'] the generic path's column partials of a written y.
+Status column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnStatsPartials& out,
+                       cudaStream_t stream);
+// [2] partials -> mean, invstd, running-stat update, folded ColumnAffine.
+Status finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
+                float* save_invstd, const ColumnAffine& affine, cudaStream_t stream);
+// [3] out = softmax(a * (y - shift) + c) and each row's log-normaliser (row_lse may be null).
+Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
+                   int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream);
+}  // namespace cuda
+
+}  // namespace fused

@@ -1,0 +1,186 @@
+// fused::cuda::choose_path, the one place that decides the path, on described GPUs: it reads no
+// device memory, so these tests run without a GPU. Built with the CUDA kernels only.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "fused/gemm_bn_softmax.h"
+
+namespace fused::cuda {
+namespace {
+
+constexpr DeviceProperties kH200{9, 132};
+constexpr DeviceProperties kA100{8, 108};
+
+ForwardProblem problem(int64_t M, int64_t N, int64_t K, ElementType dtype,
+                       MatmulPrecision precision = MatmulPrecision::kHighest) {
+  ForwardProblem p;
+  p.M = M; p.N = N; p.K = K;
+  p.dtype = dtype;
+  p.out_dtype = dtype;
+  p.precision = precision;
+  return p;
+}
+
+// Buffers at 256-byte aligned stand-in addresses (choose_path never dereferences them).
+ForwardBuffers aligned(const ForwardProblem& p) {
+  ForwardBuffers b;
+  b.x = reinterpret_cast<const void*>(std::uintptr_t{1} << 20); b.ldx = p.K;
+  b.weight = reinterpret_cast<const void*>(std::uintptr_t{2} << 20); b.ldw = p.K;
+  b.y = reinterpret_cast<float*>(std::uintptr_t{3} << 20); b.ldy = p.N;
+  return b;
+}
+
+// Runs choose_path with GEMM_BN_SOFTMAX_PATH unset (restored after).
+class ChoosePath : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const char* env = std::getenv("GEMM_BN_SOFTMAX_PATH")) saved_ = env, had_ = true;
+    unsetenv("GEMM_BN_SOFTMAX_PATH");
+  }
+  void TearDown() override {
+    if (had_) {
+      setenv("GEMM_BN_SOFTMAX_PATH", saved_.c_str(), 1);
+    } else {
+      unsetenv("GEMM_BN_SOFTMAX_PATH");
+    }
+  }
+  static GemmPath choose(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& d,
+                         PathRequest r = PathRequest::kAuto) {
+    GemmPath path = GemmPath::kSm90;
+    const Status s = choose_path(p, b, d, r, &path);
+    EXPECT_TRUE(s.ok()) << s.message;
+    return path;
+  }
+  static Status refusal(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& d,
+                        PathRequest r = PathRequest::kSm90) {
+    GemmPath path = GemmPath::kGeneric;
+    return choose_path(p, b, d, r, &path);
+  }
+  std::string saved_;
+  bool had_ = false;
+};
+
+#define SKIP_WITHOUT_SM90_KERNELS() \
+  if (!sm90_compiled()) GTEST_SKIP() << "this build holds no sm90 kernels"
+
+TEST_F(ChoosePath, Sm90ForHopperSixteenBitAndTf32) {
+  SKIP_WITHOUT_SM90_KERNELS();
+  for (ElementType t : {ElementType::kBFloat16, ElementType::kFloat16}) {
+    const ForwardProblem p = problem(1024, 8192, 8192, t);
+    EXPECT_EQ(choose(p, aligned(p), kH200), GemmPath::kSm90);
+  }
+  const ForwardProblem tf32 = problem(1024, 8192, 8192, ElementType::kFloat32, MatmulPrecision::kTF32);
+  EXPECT_EQ(choose(tf32, aligned(tf32), kH200), GemmPath::kSm90);
+}
+
+TEST_F(ChoosePath, ExactFp32AndOtherGpusRunGeneric) {
+  const ForwardProblem exact = problem(1024, 8192, 8192, ElementType::kFloat32);
+  EXPECT_EQ(choose(exact, aligned(exact), kH200), GemmPath::kGeneric);
+  const ForwardProblem bf16 = problem(1024, 8192, 8192, ElementType::kBFloat16);
+  EXPECT_EQ(choose(bf16, aligned(bf16), kA100), GemmPath::kGeneric);
+}
+
+// Rule 2: tf32 at M <= 16 runs the generic path (which computes in exact fp32); from M = 17 on, sm90.
+TEST_F(ChoosePath, TinyTf32BatchesRunGeneric) {
+  SKIP_WITHOUT_SM90_KERNELS();
+  for (int64_t M : {2, 8, 16}) {
+    const ForwardProblem p = problem(M, 1024, 1024, ElementType::kFloat32, MatmulPrecision::kTF32);
+    EXPECT_EQ(choose(p, aligned(p), kH200), GemmPath::kGeneric) << "M=" << M;
+  }
+  const ForwardProblem p17 = problem(17, 1024, 1024, ElementType::kFloat32, MatmulPrecision::kTF32);
+  EXPECT_EQ(choose(p17, aligned(p17), kH200), GemmPath::kSm90);
+  // bf16 has no such rule: its tiny batches stay on sm90.
+  const ForwardProblem bf16 = problem(8, 1024, 1024, ElementType::kBFloat16);
+  EXPECT_EQ(choose(bf16, aligned(bf16), kH200), GemmPath::kSm90);
+  // A forced sm90 is honoured.
+  const ForwardProblem p8 = problem(8, 1024, 1024, ElementType::kFloat32, MatmulPrecision::kTF32);
+  EXPECT_EQ(choose(p8, aligned(p8), kH200, PathRequest::kSm90), GemmPath::kSm90);
+}
+
+// Rule 3: under half the SMs' worth of 256x128 tiles with a long K loop: generic (split-K).
+// Rule 3: underfilled grids run the 128x128 sm90 kernel, except 16-bit inputs whose 128x128 grid is
+// under one wave with K >= 8192 (cuBLASLt's split-K is faster there).
+TEST_F(ChoosePath, UnderfilledGridsRunSm90ExceptSixteenBitLongK) {
+  SKIP_WITHOUT_SM90_KERNELS();
+  const ForwardProblem small_m = problem(256, 8192, 8192, ElementType::kBFloat16);  // 128 128x128 tiles
+  EXPECT_EQ(choose(small_m, aligned(small_m), kH200), GemmPath::kGeneric);
+  EXPECT_EQ(choose(small_m, aligned(small_m), kH200, PathRequest::kSm90), GemmPath::kSm90);
+  const ForwardProblem small_m_tf32 = problem(256, 8192, 8192, ElementType::kFloat32, MatmulPrecision::kTF32);
+  EXPECT_EQ(choose(small_m_tf32, aligned(small_m_tf32), kH200), GemmPath::kSm90);
+  const ForwardProblem shorter_k = problem(256, 8192, 4096, ElementType::kBFloat16);
+  EXPECT_EQ(choose(shorter_k, aligned(shorter_k), kH200), GemmPath::kSm90);
+  const ForwardProblem short_k = problem(1024, 2048, 4096, ElementType::kBFloat16);  // 128 tiles, K 4096
+  EXPECT_EQ(choose(short_k, aligned(short_k), kH200), GemmPath::kSm90);
+  const ForwardProblem tf32 = problem(1024, 2048, 4096, ElementType::kFloat32, MatmulPrecision::kTF32);
+  EXPECT_EQ(choose(tf32, aligned(tf32), kH200), GemmPath::kSm90);
+  const ForwardProblem wide = problem(512, 8192 + 512, 8192, ElementType::kBFloat16);  // 136 tiles: a wave
+  EXPECT_EQ(choose(wide, aligned(wide), kH200), GemmPath::kSm90);
+}
+
+TEST_F(ChoosePath, TmaRulesAndForcedRefusals) {
+  SKIP_WITHOUT_SM90_KERNELS();
+  const ForwardProblem odd_k = problem(64, 32, 63, ElementType::kBFloat16);
+  EXPECT_EQ(choose(odd_k, aligned(odd_k), kH200), GemmPath::kGeneric);
+  Status s = refusal(odd_k, aligned(odd_k), kH200);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported);
+  EXPECT_NE(std::string(s.message).find("sm90 kernel cannot run this problem: K and the row strides"),
+            std::string::npos) << s.message;
+
+  const ForwardProblem p = problem(64, 32, 64, ElementType::kBFloat16);
+  ForwardBuffers offset = aligned(p);
+  offset.x = static_cast<const char*>(offset.x) + 2;  // a view starting one element in
+  EXPECT_EQ(choose(p, offset, kH200), GemmPath::kGeneric);
+  EXPECT_NE(std::string(refusal(p, offset, kH200).message).find("16-byte aligned"), std::string::npos);
+
+  ForwardBuffers padded_y = aligned(p);
+  padded_y.ldy = p.N + 2;
+  EXPECT_EQ(choose(p, padded_y, kH200), GemmPath::kGeneric);
+
+  s = refusal(p, aligned(p), kA100);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported);
+  EXPECT_NE(std::string(s.message).find("compute capability 9.x"), std::string::npos) << s.message;
+
+  const ForwardProblem exact = problem(64, 32, 64, ElementType::kFloat32);
+  EXPECT_NE(std::string(refusal(exact, aligned(exact), kH200).message).find("exact fp32"), std::string::npos);
+  EXPECT_EQ(choose(p, aligned(p), kH200, PathRequest::kGeneric), GemmPath::kGeneric);
+}
+
+// Null buffers (not allocated yet) count as fresh allocations: aligned, dense rows.
+TEST_F(ChoosePath, UnallocatedBuffersCountAsFreshAllocations) {
+  SKIP_WITHOUT_SM90_KERNELS();
+  const ForwardProblem p = problem(1024, 4096, 4096, ElementType::kBFloat16);
+  EXPECT_EQ(choose(p, ForwardBuffers{}, kH200), GemmPath::kSm90);
+  EXPECT_EQ(choose(p, ForwardBuffers{}, kH200, PathRequest::kSm90), GemmPath::kSm90);
+}
+
+TEST_F(ChoosePath, EnvironmentOverride) {
+  SKIP_WITHOUT_SM90_KERNELS();
+  const ForwardProblem p = problem(1024, 4096, 4096, ElementType::kBFloat16);
+  setenv("GEMM_BN_SOFTMAX_PATH", "generic", 1);
+  EXPECT_EQ(choose(p, aligned(p), kH200), GemmPath::kGeneric);
+  EXPECT_EQ(choose(p, aligned(p), kH200, PathRequest::kSm90), GemmPath::kSm90);  // the argument wins
+  setenv("GEMM_BN_SOFTMAX_PATH", "auto", 1);
+  EXPECT_EQ(choose(p, aligned(p), kH200), GemmPath::kSm90);
+  setenv("GEMM_BN_SOFTMAX_PATH", "sm90", 1);
+  const Status s = refusal(p, aligned(p), kA100, PathRequest::kAuto);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported);
+  setenv("GEMM_BN_SOFTMAX_PATH", "fastest", 1);
+  const Status bad = refusal(p, aligned(p), kH200, PathRequest::kAuto);
+  EXPECT_EQ(bad.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.message).find("GEMM_BN_SOFTMAX_PATH must be"), std::string::npos);
+}
+
+TEST(WorkspaceBytes, GenericHoldsCublasLtWorkspaceWithinBounds) {
+  const ForwardProblem tiny = problem(8, 64, 64, ElementType::kFloat32);
+  const ForwardProblem big = problem(1024, 8192, 8192, ElementType::kBFloat16);
+  EXPECT_GE(workspace_bytes(tiny, GemmPath::kGeneric), std::size_t{1} << 20);
+  EXPECT_LE(workspace_bytes(tiny, GemmPath::kGeneric), std::size_t{2} << 20);
+  EXPECT_LE(workspace_bytes(big, GemmPath::kGeneric), std::size_t{33} << 20);
+  EXPECT_GE(workspace_bytes(big, GemmPath::kGeneric), std::size_t{32} << 20);
+}
+
+}  // namespace
+}  // namespace fused::cuda
