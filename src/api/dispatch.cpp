@@ -1,13 +1,12 @@
 // The path rule: fused::cuda::choose_path and the device properties it reads.
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 #include "api/dispatch.h"
 #include "util/cuda_check.h"
+#include "util/device_info.h"
 #if defined(FUSED_WITH_SM90)
 #include "kernels/sm90/gemm_stats_sm90.h"
 #endif
@@ -87,21 +86,14 @@ Status sm90_device_ok(const DeviceProperties& device) {
 }
 
 Status device_properties(int device, DeviceProperties* out) {
-  constexpr int kMaxDevices = 64;
-  // 0 = not queried yet. cudaDeviceGetAttribute does not synchronise, but costs a driver call.
-  static std::array<std::atomic<int>, kMaxDevices> major{}, sms{};
-  if (device < 0 || device >= kMaxDevices) return {StatusCode::kInvalidArgument, "device index out of range [0, 64)"};
-  int m = major[device].load(std::memory_order_relaxed), s = sms[device].load(std::memory_order_relaxed);
-  if (m == 0 || s == 0) {
-    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device),
-                                            "cudaDeviceGetAttribute(ComputeCapabilityMajor)"));
-    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, device),
-                                            "cudaDeviceGetAttribute(MultiProcessorCount)"));
-    major[device].store(m, std::memory_order_relaxed);
-    sms[device].store(s, std::memory_order_relaxed);
-  }
-  out->compute_capability_major = m;
-  out->multiprocessor_count = s;
+  if (device < 0 || device >= util::kMaxCachedDevices)
+    return {StatusCode::kInvalidArgument, "device index out of range [0, 64)"};
+  // One per-device cache (util/device_info.h) serves this rule and the kernels' launch shapes.
+  int major = 0, sms = 0;
+  FUSED_RETURN_IF_ERROR(util::compute_capability_major(device, major));
+  FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
+  out->compute_capability_major = major;
+  out->multiprocessor_count = sms;
   return Status::Ok();
 }
 

@@ -4,7 +4,7 @@
 // programmatic dependent of the GEMM: its launch hides behind the GEMM's last tiles.
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
-#include "kernels/common/cuda_check.h"
+#include "util/cuda_check.h"
 #include "kernels/common/pdl.cuh"
 
 namespace fused::cuda {

@@ -12,8 +12,8 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/common/cuda_check.h"
-#include "kernels/common/device_info.h"
+#include "util/cuda_check.h"
+#include "util/device_info.h"
 
 namespace fused::cuda::util {
 

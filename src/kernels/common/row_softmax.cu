@@ -20,8 +20,8 @@
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
 #include "kernels/common/block_reduce.cuh"
-#include "kernels/common/cuda_check.h"
-#include "kernels/common/device_info.h"
+#include "util/cuda_check.h"
+#include "util/device_info.h"
 #include "kernels/common/pdl.cuh"
 
 namespace fused::cuda {

@@ -19,8 +19,8 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
 
-#include "kernels/common/cuda_check.h"
-#include "kernels/common/device_info.h"
+#include "util/cuda_check.h"
+#include "util/device_info.h"
 #include "kernels/epilogue/sm90_column_partials.hpp"
 #include "kernels/sm90/gemm_stats_sm90.h"
 

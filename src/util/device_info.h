@@ -1,4 +1,4 @@
-// Per-device facts the launchers need, queried once per device and cached (the queries are cheap
+// Per-device facts the path rule and the launchers need, queried once per device and cached (the queries are cheap
 // but not free, and they run on every call of the op).
 #pragma once
 
@@ -11,12 +11,15 @@
 
 namespace fused::cuda::util {
 
+constexpr int kMaxCachedDevices = 64;
+
 namespace detail {
-// attribute of `device`, cached for devices 0..63; 0 when the query fails.
+// attribute of `device`, cached for devices 0..63 (a driver call, no synchronisation, on first use);
+// 0 when the query fails.
 template <cudaDeviceAttr kAttribute>
 inline int cached_device_attribute(int device) {
-  static std::atomic<int> cache[64] = {};
-  const bool cacheable = device >= 0 && device < 64;
+  static std::atomic<int> cache[kMaxCachedDevices] = {};
+  const bool cacheable = device >= 0 && device < kMaxCachedDevices;
   if (cacheable) {
     const int v = cache[device].load(std::memory_order_relaxed);
     if (v > 0) return v;
@@ -44,6 +47,13 @@ inline int current_device() {
 inline Status sm_count(int device, int& count) {
   count = detail::cached_device_attribute<cudaDevAttrMultiProcessorCount>(device);
   if (count <= 0) return {StatusCode::kCudaError, "cudaDeviceGetAttribute(MultiProcessorCount) failed"};
+  return Status::Ok();
+}
+
+// Compute capability major of `device`; kCudaError if the query fails.
+inline Status compute_capability_major(int device, int& major) {
+  major = detail::cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device);
+  if (major <= 0) return {StatusCode::kCudaError, "cudaDeviceGetAttribute(ComputeCapabilityMajor) failed"};
   return Status::Ok();
 }
 
