@@ -46,6 +46,11 @@ struct ForwardBuffers {
   // (M) log sum_n exp(z[i, n]) per row, or null. Kept for the backward, which recomputes the
   // softmax in fp32 from y (exp(z - row_lse)) instead of reading the rounded out.
   float* row_lse = nullptr;
+  // Generic path only, optional: a cuBLASLt workspace the caller already owns (e.g. PyTorch's, one
+  // per stream). When set, forward() uses it instead of carving one out of its workspace; ask
+  // workspace_bytes(p, path, /*include_cublaslt_workspace=*/false) then.
+  void* cublaslt_workspace = nullptr;
+  std::size_t cublaslt_workspace_size = 0;
 };
 
 // Checks shapes, strides and arguments common to every path (the contract's preconditions).
@@ -121,7 +126,7 @@ Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const Devic
 //            of y (split-K partial products), at most 32 MiB (what PyTorch gives cuBLAS on Hopper)
 // Headline problem (M = 1024, N = 8192): 320 KiB on the sm90 path, 32.6 MiB on the generic path.
 // The outputs (out, y, save_mean, save_invstd, row_lse) are the caller's, not part of the workspace.
-std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path);
+std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include_cublaslt_workspace = true);
 
 // The whole forward on the current device, stream-ordered on `stream`, no host synchronisation and
 // no allocation: [1] y = x W^T + b and its column partials (sm90: one kernel; generic: cuBLASLt on a

@@ -64,7 +64,8 @@ sm90::GemmStatsArgs gemm_args(const ForwardProblem& p, const ForwardBuffers& b, 
 #endif
 
 // The path's own GEMM workspace (after the partials and the folded map).
-std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, const ColumnStatsPartials& partials) {
+std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, const ColumnStatsPartials& partials,
+                       bool include_cublaslt_workspace) {
 #if defined(FUSED_WITH_SM90)
   if (path == GemmPath::kSm90)
     return align_up(sm90::gemm_workspace_bytes(p.dtype, gemm_args(p, ForwardBuffers{}, partials)));
@@ -72,7 +73,8 @@ std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, const ColumnStats
   (void)partials;
 #endif
   if (path == GemmPath::kGeneric)
-    return align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + align_up(generic::cublaslt_workspace_bytes(p));
+    return align_up(sizeof(float) * static_cast<std::size_t>(p.N)) +
+           (include_cublaslt_workspace ? align_up(generic::cublaslt_workspace_bytes(p)) : 0);
   return 0;
 }
 
@@ -95,16 +97,19 @@ Status generic_gemm(const ForwardProblem& p, const ForwardBuffers& b, char* gemm
     return util::cuda_status(cudaMemset2DAsync(b.y, sizeof(float) * b.ldy, 0, sizeof(float) * p.N, p.M, stream),
                              "cudaMemset2DAsync(y)");
   }
+  if (b.cublaslt_workspace != nullptr)
+    return generic::gemm_bias(p, b, bias_f32, static_cast<char*>(b.cublaslt_workspace), b.cublaslt_workspace_size,
+                              stream);
   return generic::gemm_bias(p, b, bias_f32, gemm_workspace + bias_bytes, size - bias_bytes, stream);
 }
 
 }  // namespace
 
-std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path) {
+std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include_cublaslt_workspace) {
   ColumnStatsPartials g;
   if (!partials_geometry(p, path, g).ok()) return 0;
   return 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +
-         2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + gemm_bytes(p, path, g);
+         2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + gemm_bytes(p, path, g, include_cublaslt_workspace);
 }
 
 Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,
@@ -119,7 +124,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
     FUSED_RETURN_IF_ERROR(sm90_device_ok(props));
     FUSED_RETURN_IF_ERROR(sm90_can_implement(p, b));
   }
-  if (workspace_size < workspace_bytes(p, path) || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
+  if (workspace_size < workspace_bytes(p, path, b.cublaslt_workspace == nullptr) || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
     return {StatusCode::kInvalidArgument, "workspace too small or not 256-byte aligned (workspace_bytes)"};
   if (p.N == 0) return Status::Ok();
 

@@ -97,11 +97,17 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   c10::cuda::CUDAGuard guard(a.x.device());
   Outputs outs = allocate_outputs(a);
   const LinearOperands o = operands(a);
-  const ForwardBuffers b = buffers(o, outs);
+  ForwardBuffers b = buffers(o, outs);
   const cuda::GemmPath path = choose(a, b);
   const BatchNormTensors bnt = prepare_batchnorm(a);
   const ForwardProblem p = problem(a);
-  const std::size_t ws_bytes = cuda::workspace_bytes(p, path);
+  if (path == cuda::GemmPath::kGeneric) {
+    // cuBLASLt runs in PyTorch's own per-stream workspace (what torch's matmuls use; CUDA-graph
+    // aware), instead of a fresh one of up to 32 MiB in every call.
+    b.cublaslt_workspace = at::cuda::getCUDABlasLtWorkspace();
+    b.cublaslt_workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
+  }
+  const std::size_t ws_bytes = cuda::workspace_bytes(p, path, b.cublaslt_workspace == nullptr);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.x.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.x.get_device()).stream();
   throw_on_error(cuda::forward(p, b, bnt.args(a), path, workspace.data_ptr(), ws_bytes, stream),
