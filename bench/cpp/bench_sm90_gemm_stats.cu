@@ -12,47 +12,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "kernels/sm90/gemm_stats_sm90.h"
-
-namespace {
-
-template <class F>
-float median_ms(F&& f, int iters) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-__global__ void fill_random(uint32_t* p, size_t n, uint32_t seed, int bits16) {
-  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-  h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-  float v = (h & 0xFFFFFF) / float(1 << 24);  // U[0,1)
-  if (bits16 == 1) {        // two bf16
-    uint32_t u = __float_as_uint(v) >> 16;
-    p[i] = u | (u << 16);
-  } else {                  // fp32
-    p[i] = __float_as_uint(v);
-  }
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   int64_t M = 1024, N = 8192, K = 8192;
@@ -77,10 +38,7 @@ int main(int argc, char** argv) {
 
   for (int mode = 0; mode < 2; ++mode) {  // 0: bf16, 1: tf32
     const bool bf16 = mode == 0;
-    const size_t xw = bf16 ? 2 : 4;
-    fill_random<<<unsigned((M * K * xw / 4 + 255) / 256), 256>>>((uint32_t*)x, M * K * xw / 4, 17u, bf16);
-    fill_random<<<unsigned((N * K * xw / 4 + 255) / 256), 256>>>((uint32_t*)w, N * K * xw / 4, 29u, bf16);
-    fill_random<<<unsigned((N * xw / 4 + 255) / 256), 256>>>((uint32_t*)bias, N * xw / 4, 31u, bf16);
+    fused::bench::fill_operands(x, w, bias, M, N, K, bf16);
     fused::sm90::GemmStatsArgs a;
     a.M = M; a.N = N; a.K = K; a.x = x; a.ldx = K; a.w = w; a.ldw = K; a.bias = bias; a.y = y; a.ldy = N;
     a.partials = {mean, m2, tiles, fused::sm90::partials_row_tile(), ld};
@@ -94,13 +52,13 @@ int main(int argc, char** argv) {
     };
     fused::sm90::GemmStatsArgs eval = a;
     eval.partials = {};
-    float t_stats = median_ms([&] { run(a); }, iters);
-    float t_eval = median_ms([&] { run(eval); }, iters);
+    float t_stats = fused::bench::median_ms([&] { run(a); }, iters);
+    float t_eval = fused::bench::median_ms([&] { run(eval); }, iters);
     float t_cublas = 0.f;
 #ifdef SM90_BENCH_CUBLAS
     float alpha = 1.f, beta = 0.f;
     cublasSetMathMode(h, bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_TF32_TENSOR_OP_MATH);
-    t_cublas = median_ms([&] {
+    t_cublas = fused::bench::median_ms([&] {
       // y^T (N,M) col-major = W (N,K) . x^T : op(A) = W^T-as-colmajor
       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha,
                    w, bf16 ? CUDA_R_16BF : CUDA_R_32F, int(K),

@@ -12,45 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "../bench_util.cuh"
 #include "gemm_sweep.h"
 
 namespace {
-
-template <class F>
-float median_ms(F&& f, int iters) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-__global__ void fill_random(uint32_t* p, size_t n, uint32_t seed, int bits16) {
-  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-  h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-  float v = (h & 0xFFFFFF) / float(1 << 24);
-  if (bits16) {
-    uint32_t u = __float_as_uint(v) >> 16;
-    p[i] = u | (u << 16);
-  } else {
-    p[i] = __float_as_uint(v);
-  }
-}
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
@@ -69,7 +34,8 @@ int main(int argc, char** argv) {
   cublasHandle_t h;
   cublasCreate(&h);
   const std::vector<fused::sweep::SchedulerChoice> choices = {{0, 1}, {1, 1}, {2, 1}, {1, 2}, {2, 2}, {1, 4}, {2, 4}, {2, 8}};
-  for (auto [M, N, K] : shapes) {
+  for (const auto& shape : shapes) {
+    const int64_t M = shape[0], N = shape[1], K = shape[2];  // named copies: lambdas capture them
     void *x, *w, *bias, *ws = nullptr;
     float *y, *mean, *m2;
     check(cudaMalloc(&x, M * K * 4), "malloc x");
@@ -81,10 +47,7 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&m2, max_partials * 4), "malloc m2");
     size_t ws_bytes = 0;
     for (int bf16 = 1; bf16 >= 0; --bf16) {
-      const size_t xw = bf16 ? 2 : 4;
-      fill_random<<<unsigned((M * K * xw / 4 + 255) / 256), 256>>>((uint32_t*)x, M * K * xw / 4, 17u, bf16);
-      fill_random<<<unsigned((N * K * xw / 4 + 255) / 256), 256>>>((uint32_t*)w, N * K * xw / 4, 29u, bf16);
-      fill_random<<<unsigned((N * xw / 4 + 255) / 256), 256>>>((uint32_t*)bias, N * xw / 4, 31u, bf16);
+        fused::bench::fill_operands(x, w, bias, M, N, K, bf16);
       const char* dt = bf16 ? "bf16" : "tf32";
       const double flop = 2.0 * M * N * K;
       // cuBLAS peers: fp32 y (what the generic path computes) and, for bf16, a bf16 y (F.linear's GEMM).
@@ -92,17 +55,17 @@ int main(int argc, char** argv) {
       cublasSetMathMode(h, bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_TF32_TENSOR_OP_MATH);
       const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
       const cublasComputeType_t ct = bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-      float t = median_ms([&] {
+      float t = fused::bench::median_ms([&] {
         cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w, in, int(K), x, in, int(K), &beta, y,
                      CUDA_R_32F, int(N), ct, CUBLAS_GEMM_DEFAULT);
-      }, iters);
+      }, iters, 3);
       std::printf("{\"M\":%lld,\"N\":%lld,\"K\":%lld,\"dtype\":\"%s\",\"kernel\":\"cublas_fp32_out\",\"ms\":%.5f,\"tflops\":%.1f}\n",
                   (long long)M, (long long)N, (long long)K, dt, t, flop / t / 1e9);
       if (bf16) {
-        t = median_ms([&] {
+        t = fused::bench::median_ms([&] {
           cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w, in, int(K), x, in, int(K), &beta,
                        y, CUDA_R_16BF, int(N), ct, CUBLAS_GEMM_DEFAULT);
-        }, iters);
+        }, iters, 3);
         std::printf("{\"M\":%lld,\"N\":%lld,\"K\":%lld,\"dtype\":\"%s\",\"kernel\":\"cublas_bf16_out\",\"ms\":%.5f,\"tflops\":%.1f}\n",
                     (long long)M, (long long)N, (long long)K, dt, t, flop / t / 1e9);
       }
@@ -123,8 +86,8 @@ int main(int argc, char** argv) {
           };
           fused::sm90::GemmStatsArgs eval = a;
           eval.partials = {};
-          const float t_stats = median_ms([&] { run(a); }, iters);
-          const float t_eval = median_ms([&] { run(eval); }, iters);
+          const float t_stats = fused::bench::median_ms([&] { run(a); }, iters, 3);
+          const float t_eval = fused::bench::median_ms([&] { run(eval); }, iters, 3);
           check(cudaDeviceSynchronize(), v.name.c_str());
           if (failed) continue;
           std::printf("{\"M\":%lld,\"N\":%lld,\"K\":%lld,\"dtype\":\"%s\",\"kernel\":\"%s\",\"raster\":%d,\"swizzle\":%d,"

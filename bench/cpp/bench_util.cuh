@@ -1,0 +1,63 @@
+// Shared by the C++ benchmarks (bench_sm90_gemm_stats, sweep/gemm_sweep): device-event timing and
+// deterministic U[0,1) operands.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace fused::bench {
+
+// Median of `iters` device-event timings of f(), after `warmup` untimed calls.
+template <class F>
+float median_ms(F&& f, int iters, int warmup = 5) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// n 32-bit words of U[0,1) values from a hash of the index: two bf16 per word, or one fp32.
+static __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed, int bf16) {
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+  h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+  float v = (h & 0xFFFFFF) / float(1 << 24);  // U[0,1)
+  if (bf16) {
+    uint32_t u = __float_as_uint(v) >> 16;
+    p[i] = u | (u << 16);
+  } else {
+    p[i] = __float_as_uint(v);
+  }
+}
+
+// x (M,K), W (N,K) and bias (N), bf16 or fp32, with fixed seeds.
+inline void fill_operands(void* x, void* w, void* bias, int64_t M, int64_t N, int64_t K, bool bf16) {
+  const size_t bytes = bf16 ? 2 : 4;
+  auto fill = [&](void* p, size_t elements, uint32_t seed) {
+    const size_t words = elements * bytes / 4;
+    fill_random<<<unsigned((words + 255) / 256), 256>>>(static_cast<uint32_t*>(p), words, seed, bf16 ? 1 : 0);
+  };
+  fill(x, size_t(M * K), 17u);
+  fill(w, size_t(N * K), 29u);
+  fill(bias, size_t(N), 31u);
+}
+
+}  // namespace fused::bench
