@@ -28,7 +28,8 @@ int64_t stride_or_dense(int64_t ld, int64_t dense) { return ld == 0 ? dense : ld
 // inputs whose 128x128 grid is still under one wave with a long K loop (cuBLASLt splits K there).
 bool sm90_preferred(const ForwardProblem& p, int num_sms) {
 #if defined(FUSED_WITH_SM90)
-  const int64_t tiles_128x128 = util::ceil_div(p.M, 128) * util::ceil_div(p.N, sm90::kCtaTileN);
+  const int64_t tiles_128x128 = util::ceil_div(p.M, sm90::partials_row_tile(sm90::Sm90Tile::k128x128)) *
+                                util::ceil_div(p.N, sm90::kCtaTileN);
   const bool sixteen_bit = p.dtype == ElementType::kBFloat16 || p.dtype == ElementType::kFloat16;
   return !(sixteen_bit && tiles_128x128 < num_sms && p.K >= 8192);
 #else

@@ -9,7 +9,8 @@ int64_t partials_row_tile(Sm90Tile tile) { return tile == Sm90Tile::k128x128 ? 1
 int64_t partials_ld(int64_t N) { return (N + kCtaTileN - 1) / kCtaTileN * kCtaTileN; }
 
 Sm90Tile choose_tile(int64_t M, int64_t N, int num_sms) {
-  const int64_t tiles_256x128 = (M + 255) / 256 * ((N + kCtaTileN - 1) / kCtaTileN);
+  const int64_t rows = partials_row_tile(Sm90Tile::k256x128);
+  const int64_t tiles_256x128 = (M + rows - 1) / rows * ((N + kCtaTileN - 1) / kCtaTileN);
   return tiles_256x128 < num_sms ? Sm90Tile::k128x128 : Sm90Tile::k256x128;
 }
 

@@ -1,8 +1,9 @@
 // Launch template of the sm90 GEMM + column-statistics kernel:
 //   y = x * W^T + bias  (fp32 accumulation, fp32 y)   and per-CTA-tile column partials (mean, M2) of y.
-// CUTLASS 3.x: CollectiveBuilder, TMA, warp-specialized cooperative kernel, persistent tile scheduler,
-// epilogue visitor tree  y = Sm90ColumnPartials(acc) + RowBroadcast(bias).
-// Included by exactly one TU per element type (gemm_stats_sm90_{bf16,fp16,tf32}.cu).
+// CUTLASS 3.x: CollectiveBuilder, TMA, warp-specialized cooperative or ping-pong kernel, persistent
+// tile scheduler, epilogue visitor tree  y = Sm90ColumnPartials(acc) + RowBroadcast(bias).
+// Included by exactly one TU per (element type, tile): gemm_stats_sm90_{bf16,fp16,tf32}_{256x128,128x128}.cu,
+// and by the configuration sweep (bench/cpp/sweep).
 #pragma once
 
 #include <atomic>
