@@ -62,6 +62,16 @@ struct BackwardBuffers {
   void* grad_gamma = nullptr;  // (N) param_dtype
   void* grad_beta = nullptr;   // (N) param_dtype
   void* grad_scale = nullptr;  // scale_numel elements of scale_dtype
+
+  // Data-parallel backward (nn.SyncBatchNorm's), optional: what backward_column_sums() returned on
+  // this rank (its column-sums record and row dots) and every rank's records gathered in rank order
+  // (fused/batchnorm.h: [count, S1, S2]). When rank_sums is set the sums are not recomputed: dy's
+  // coefficients use the global sums and count, the parameter gradients this rank's own (the data-
+  // parallel wrapper then averages them over ranks, as for any parameter).
+  const double* local_sums = nullptr;  // rank_record_size(N) doubles
+  const double* rank_sums = nullptr;   // num_ranks records
+  int64_t num_ranks = 0;
+  const void* row_dot = nullptr;  // (M) stats_dtype: r_i = sum_n g_in out_in
 };
 
 // Checks shapes, strides and arguments common to every path.
@@ -70,6 +80,11 @@ Status validate(const BackwardProblem& p, const BackwardBuffers& b);
 namespace cpu {
 // The whole backward up to dy on host memory, double-precision math (any stats_dtype, fp64 included).
 Status backward(const BackwardProblem& p, const BackwardBuffers& b, const ParallelFor& parallel_for = serial_for);
+// Data-parallel step 1: this rank's column-sums record (rank_record_size(N) doubles, count = M) and
+// row dots (M of stats_dtype), for the caller to exchange; then backward() with local_sums /
+// rank_sums / row_dot set.
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_dot,
+                            const ParallelFor& parallel_for = serial_for);
 }  // namespace cpu
 
 namespace cuda {
@@ -82,6 +97,10 @@ std::size_t backward_workspace_bytes(const BackwardProblem& p);
 // grad_dtype / dy_dtype fp32, bf16 or fp16.
 Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* workspace, std::size_t workspace_size,
                 cudaStream_t stream);
+// Data-parallel step 1 ([B1], [B2] and the tile sums): as cpu::backward_column_sums, on device
+// memory; the same workspace as backward().
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_dot,
+                            void* workspace, std::size_t workspace_size, cudaStream_t stream);
 }  // namespace cuda
 
 }  // namespace fused

@@ -32,6 +32,15 @@ FUSED_HOST_DEVICE constexpr bool batch_norm_batch_too_small(int64_t M, bool uses
 }
 #define FUSED_BATCH_TOO_SMALL_MESSAGE "Expected more than 1 value per channel when training"
 
+// Data-parallel BatchNorm (nn.SyncBatchNorm's semantics): the statistics of the global batch, spread
+// over ranks. Each rank summarises its own rows as one record of rank_record_size(N) doubles,
+//   [count, mean[0..N), m2[0..N)]   (m2: sum of squared deviations from the rank's mean),
+// the ranks exchange them (the caller's collective, e.g. one all_gather), and every rank merges the
+// gathered records in rank order (Chan's formula): the same bits on every rank, whatever the batch
+// split, ranks with no rows included. The backward's column sums use the same record layout,
+// [count, S1[0..N), S2[0..N)].
+FUSED_HOST_DEVICE constexpr int64_t rank_record_size(int64_t N) { return 2 * N + 1; }
+
 // BatchNorm1d arguments. All pointers live in the memory space of the entry point they are
 // passed to (device memory for fused::cuda, host memory for fused::cpu). The BN vectors are read
 // (and the running statistics written) in their own dtype, `param_dtype` (fp32, or x's dtype for
@@ -53,6 +62,12 @@ struct BatchNormArgs {
   const void* scale = nullptr;  // (scale_numel): 1 (scalar) or N (per column)
   int64_t scale_numel = 1;
   ElementType scale_dtype = ElementType::kFloat32;
+  // Data-parallel statistics, or null: num_ranks records of rank_record_size(N) doubles, in rank
+  // order. When set (and batch statistics are used), the batch statistics are those of all ranks'
+  // rows, merged from these records, instead of this call's own rows; the running statistics move
+  // with the global count, as nn.SyncBatchNorm's.
+  const double* rank_moments = nullptr;
+  int64_t num_ranks = 0;
 
   FUSED_HOST_DEVICE constexpr bool uses_batch_stats() const {
     return batch_norm_uses_batch_stats(training, running_mean != nullptr);

@@ -55,6 +55,8 @@ struct ForwardBuffers {
 
 // Checks shapes, strides and arguments common to every path (the contract's preconditions).
 Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn);
+// The part of validate() that concerns the GEMM alone (x, weight, y, precision).
+Status validate_linear(const ForwardProblem& p, const ForwardBuffers& b);
 
 namespace cpu {
 
@@ -64,8 +66,14 @@ using ParallelFor = std::function<void(int64_t n, int64_t grain, const std::func
 void serial_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
 
 // The whole forward on host memory. y must already hold x W^T + b (the caller's GEMM).
-// Statistics are split over columns, the softmax over rows.
+// Statistics are split over columns, the softmax over rows. With bn.rank_moments, the batch
+// statistics are the ranks' (data-parallel step 2).
 Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
+                      const ParallelFor& parallel_for = serial_for);
+
+// Data-parallel step 1: this rank's moments record (fused/batchnorm.h, rank_record_size(p.N)
+// doubles) of a y the caller computed; the caller exchanges the records, then forward_from_y.
+Status column_moments(const ForwardProblem& p, const float* y, int64_t ldy, double* record,
                       const ParallelFor& parallel_for = serial_for);
 
 }  // namespace cpu
@@ -135,6 +143,18 @@ std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include
 // The generic GEMM runs exact fp32 for precision kHighest, and for kTF32 at M <= kExactFp32MaxBatch.
 Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,
                void* workspace, std::size_t workspace_size, cudaStream_t stream);
+
+// Data parallelism (nn.SyncBatchNorm's semantics) splits forward() at the statistics exchange:
+//   1. gemm_column_moments: [1] on `path`, then this rank's moments record (fused/batchnorm.h,
+//      rank_record_size(N) doubles, count = M) in `record`; reads x, weight, bias, writes y;
+//   2. the caller gathers every rank's record (one collective) in rank order;
+//   3. forward_from_y with bn.rank_moments = the gathered records: [2] and [3] on the y of step 1.
+// Both take workspace_bytes(p, path) bytes (forward_from_y: of GemmPath::kGeneric, or less).
+// forward_from_y without rank moments computes the statistics from y itself (the generic kernel).
+Status gemm_column_moments(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path, double* record,
+                           void* workspace, std::size_t workspace_size, cudaStream_t stream);
+Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, void* workspace,
+                      std::size_t workspace_size, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fused

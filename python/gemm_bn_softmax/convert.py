@@ -338,8 +338,8 @@ class _BlockFinder:
         if bn_module is None:
             return skip("batch_norm is called as a function; only nn.BatchNorm1d modules are converted "
                         "(a trace would fix a functional call's training flag)")
-        if not _behaves_as(bn_module, nn.BatchNorm1d):
-            return skip(f"{type(bn_module).__name__} is not nn.BatchNorm1d")
+        if not (_behaves_as(bn_module, nn.BatchNorm1d) or _behaves_as(bn_module, nn.SyncBatchNorm)):
+            return skip(f"{type(bn_module).__name__} is not nn.BatchNorm1d or nn.SyncBatchNorm")
         linear = self.submodule(lin)
         if not _behaves_as(linear, nn.Linear):
             return skip(f"the BatchNorm1d input is {self.describe(lin)}, not an nn.Linear output")

@@ -6,11 +6,12 @@ convenience and keyword arguments.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
 from . import _library  # noqa: F401  (registers torch.ops.fused)
+from .distributed import needs_sync, sync_gemm_bn_softmax
 
 _op = torch.ops.fused.gemm_bn_softmax.default
 
@@ -45,6 +46,7 @@ def gemm_bn_softmax(
     path: Optional[str] = None,
     compute_dtype: Optional[torch.dtype] = None,
     out_dtype: Optional[torch.dtype] = None,
+    process_group: Optional[Any] = None,
 ) -> torch.Tensor:
     """softmax(scale * batch_norm(x @ weight.T + bias), dim=1), as Linear -> BatchNorm1d -> scale -> Softmax(1).
 
@@ -67,9 +69,18 @@ def gemm_bn_softmax(
         compute_dtype: the dtype the Linear part runs in (x, weight, bias rounded to it; their
             gradients come back in their own dtypes); None: x's dtype. Autocast sets it.
         out_dtype: dtype of the output; None: the compute dtype. Autocast sets it (fp32 on CUDA).
+        process_group: a ``torch.distributed`` process group (e.g. ``torch.distributed.group.WORLD``)
+            to normalise over the whole data-parallel batch, as nn.SyncBatchNorm: in training, with
+            more than one rank, the batch statistics are those of every rank's rows (one all_gather
+            in the forward and one in the backward; see gemm_bn_softmax.distributed). None: this
+            call's rows only.
     """
+    scale_t = _as_scale_tensor(scale, x)
+    if process_group is not None and needs_sync(process_group, training):
+        return sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, scale_t, momentum,
+                                    eps, num_batches_tracked, precision, path, compute_dtype, out_dtype, process_group)
     return _op(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-               _as_scale_tensor(scale, x), training, momentum, eps, precision, path, compute_dtype, out_dtype)[0]
+               scale_t, training, momentum, eps, precision, path, compute_dtype, out_dtype)[0]
 
 
 def dispatch_path(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

@@ -1,28 +1,34 @@
 """``FusedGemmBNSoftmax``: a drop-in nn.Module for Linear -> BatchNorm1d -> scale -> Softmax(dim=1)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from .functional import ScaleLike, gemm_bn_softmax
 
 
 def run_block(x: torch.Tensor, linear: nn.Linear, bn: nn.BatchNorm1d, scale: ScaleLike, training: bool,
-              precision: Optional[str] = None) -> torch.Tensor:
+              precision: Optional[str] = None, process_group: Optional[Any] = None) -> torch.Tensor:
     """softmax(scale * bn(linear(x)), dim=1) by the fused op, with the modules' own parameters and
-    buffers and nn.BatchNorm1d's rules for them in this training mode: running statistics are
-    passed unless training without tracking them, and num_batches_tracked only when training with
-    them (the op then increments it, and momentum=None averages cumulatively)."""
+    buffers and nn.BatchNorm1d's (or nn.SyncBatchNorm's) rules for them in this training mode:
+    running statistics are passed unless training without tracking them, and num_batches_tracked
+    only when training with them (the op then increments it, and momentum=None averages
+    cumulatively). In training, statistics over every rank of `process_group`, or of an
+    nn.SyncBatchNorm's own group (None there: the default group), as nn.SyncBatchNorm computes."""
     track = bn.track_running_stats
+    group = process_group
+    if group is None and isinstance(bn, nn.SyncBatchNorm) and dist.is_available():
+        group = bn.process_group if bn.process_group is not None else dist.group.WORLD
     return gemm_bn_softmax(
         x, linear.weight, linear.bias, bn.weight, bn.bias,
         bn.running_mean if (not training or track) else None,
         bn.running_var if (not training or track) else None,
         scale, training=training, momentum=bn.momentum, eps=bn.eps,
         num_batches_tracked=bn.num_batches_tracked if (training and track) else None,
-        precision=precision)
+        precision=precision, process_group=group)
 
 
 class FusedGemmBNSoftmax(nn.Module):
@@ -30,12 +36,19 @@ class FusedGemmBNSoftmax(nn.Module):
     (``gemm.*``, ``bn.*``, ``scale``), so a reference state_dict loads unchanged.
 
     The submodules only hold state; forward runs the fused op.
+
+    Data-parallel training with statistics over the global batch (nn.SyncBatchNorm's semantics):
+    ``nn.SyncBatchNorm.convert_sync_batchnorm(model)`` as for any model (``bn`` becomes an
+    nn.SyncBatchNorm, whose process group is used; what DDP accepts on GPUs), or
+    ``process_group=torch.distributed.group.WORLD`` (or any group; set after
+    ``init_process_group``), which keeps ``bn`` an nn.BatchNorm1d and also works for CPU processes
+    (DDP refuses nn.SyncBatchNorm on the CPU).
     """
 
     def __init__(self, in_features: int, out_features: int, bn_eps: float = 1e-5,
                  bn_momentum: Optional[float] = 0.1, scale_shape: Sequence[int] = (1,), *, bias: bool = True,
                  affine: bool = True, track_running_stats: bool = True, precision: Optional[str] = None,
-                 device=None, dtype=None):
+                 process_group: Optional[Any] = None, device=None, dtype=None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.gemm = nn.Linear(in_features, out_features, bias=bias, **factory)
@@ -43,6 +56,7 @@ class FusedGemmBNSoftmax(nn.Module):
                                  track_running_stats=track_running_stats, **factory)
         self.scale = nn.Parameter(torch.ones(tuple(scale_shape), **factory))
         self.precision = precision
+        self.process_group = process_group
 
     @classmethod
     def from_modules(cls, linear: nn.Linear, bn: nn.BatchNorm1d, scale=None,
@@ -51,13 +65,13 @@ class FusedGemmBNSoftmax(nn.Module):
         a tensor, a float, or None (1.0)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be nn.Linear, got {type(linear).__name__}")
-        if not isinstance(bn, nn.BatchNorm1d):
-            raise TypeError(f"bn must be nn.BatchNorm1d, got {type(bn).__name__}")
+        if not isinstance(bn, (nn.BatchNorm1d, nn.SyncBatchNorm)):
+            raise TypeError(f"bn must be nn.BatchNorm1d or nn.SyncBatchNorm, got {type(bn).__name__}")
         if bn.num_features != linear.out_features:
             raise ValueError(f"bn.num_features ({bn.num_features}) != linear.out_features ({linear.out_features})")
         self = cls.__new__(cls)
         nn.Module.__init__(self)
-        self.gemm, self.bn, self.precision = linear, bn, precision
+        self.gemm, self.bn, self.precision, self.process_group = linear, bn, precision, None
         w = linear.weight
         if scale is None or isinstance(scale, (int, float)):
             value = 1.0 if scale is None else float(scale)
@@ -74,7 +88,8 @@ class FusedGemmBNSoftmax(nn.Module):
             # nn.BatchNorm1d would silently fall back to batch statistics here
             raise ValueError("FusedGemmBNSoftmax: bn.track_running_stats is True but bn.running_mean / "
                              "bn.running_var is None; restore them or set track_running_stats=False")
-        return run_block(x, self.gemm, bn, self.scale, training=self.training, precision=self.precision)
+        return run_block(x, self.gemm, bn, self.scale, training=self.training, precision=self.precision,
+                         process_group=self.process_group)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.gemm.in_features}, out_features={self.gemm.out_features}, "

@@ -48,8 +48,20 @@ bool cuda_dtype(ElementType t) {
 
 std::size_t backward_workspace_bytes(const BackwardProblem& p) { return layout(p).total(); }
 
-Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* workspace, std::size_t workspace_size,
-                cudaStream_t stream) {
+namespace {
+
+// The workspace's regions, carved in order.
+struct WorkspaceRegions {
+  float* r_part = nullptr;
+  float* r = nullptr;
+  GradPartials partials;
+  DyCoefficients coef;
+  double* block_sums = nullptr;
+  unsigned* counter = nullptr;
+};
+
+Status check_and_carve(const BackwardProblem& p, const BackwardBuffers& b, void* workspace, std::size_t workspace_size,
+                       WorkspaceRegions& w) {
   FUSED_RETURN_IF_ERROR(validate(p, b));
   if (p.stats_dtype != ElementType::kFloat32 || !cuda_dtype(p.grad_dtype) ||
       ((b.dy != nullptr || b.dy_t != nullptr) && !cuda_dtype(b.dy_dtype)))
@@ -58,40 +70,72 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
   const WorkspaceLayout ws = layout(p);
   if (workspace_size < ws.total() || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
     return {StatusCode::kInvalidArgument, "CUDA backward: workspace too small or not 256-byte aligned"};
-  if (p.N == 0) return Status::Ok();
-
   auto* cursor = static_cast<char*>(workspace);
   auto take = [&](std::size_t bytes) {
     char* ptr = cursor;
     cursor += bytes;
     return ptr;
   };
-  auto* r_part = reinterpret_cast<float*>(take(ws.r_part));
-  auto* r = reinterpret_cast<float*>(take(ws.r));
-  GradPartials partials = partials_geometry(p);
-  partials.s1 = reinterpret_cast<float*>(take(ws.partials));
-  partials.s2 = reinterpret_cast<float*>(take(ws.partials));
-  DyCoefficients coef;
-  coef.b = reinterpret_cast<float*>(take(ws.coefficients));
-  coef.c = reinterpret_cast<float*>(take(ws.coefficients));
-  auto* block_sums = reinterpret_cast<double*>(take(ws.block_sums));
-  auto* counter = reinterpret_cast<unsigned*>(take(ws.counter));
+  w.r_part = reinterpret_cast<float*>(take(ws.r_part));
+  w.r = reinterpret_cast<float*>(take(ws.r));
+  w.partials = partials_geometry(p);
+  w.partials.s1 = reinterpret_cast<float*>(take(ws.partials));
+  w.partials.s2 = reinterpret_cast<float*>(take(ws.partials));
+  w.coef.b = reinterpret_cast<float*>(take(ws.coefficients));
+  w.coef.c = reinterpret_cast<float*>(take(ws.coefficients));
+  w.block_sums = reinterpret_cast<double*>(take(ws.block_sums));
+  w.counter = reinterpret_cast<unsigned*>(take(ws.counter));
+  return Status::Ok();
+}
 
-  if (p.M > 0) {
-    util::NvtxRange range("fused::backward_row_pass");
-    FUSED_RETURN_IF_ERROR(backward_steps::row_dot(p, b, r_part, counter, stream));
-    FUSED_RETURN_IF_ERROR(backward_steps::grad_partials(p, b, r_part, r, partials, stream));
-  } else {
-    // No row pass to zero the finalize's counter (and nothing to sum: every gradient is 0).
-    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream),
+// [B1] + [B2] (r into `r`), or only zeroes the finalize's counter when there are no rows.
+Status row_pass(const BackwardProblem& p, const BackwardBuffers& b, const WorkspaceRegions& w, float* r,
+                cudaStream_t stream) {
+  if (p.M == 0) {  // no row pass to zero the counter (and nothing to sum: every gradient is 0)
+    return util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream), "CUDA backward: cudaMemsetAsync");
+  }
+  util::NvtxRange range("fused::backward_row_pass");
+  FUSED_RETURN_IF_ERROR(backward_steps::row_dot(p, b, w.r_part, w.counter, stream));
+  return backward_steps::grad_partials(p, b, w.r_part, r, w.partials, stream);
+}
+
+}  // namespace
+
+Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* workspace, std::size_t workspace_size,
+                cudaStream_t stream) {
+  WorkspaceRegions w;
+  FUSED_RETURN_IF_ERROR(check_and_carve(p, b, workspace, workspace_size, w));
+  if (p.N == 0) return Status::Ok();
+  const float* r = w.r;
+  if (b.rank_sums != nullptr) {  // data parallel: [B1] and [B2] ran in backward_column_sums
+    r = static_cast<const float*>(b.row_dot);
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream),
                                             "CUDA backward: cudaMemsetAsync"));
+  } else {
+    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, w.r, stream));
   }
   {
     util::NvtxRange range("fused::backward_column_finalize");
-    FUSED_RETURN_IF_ERROR(backward_steps::column_finalize(p, b, partials, coef, block_sums, counter, stream));
+    FUSED_RETURN_IF_ERROR(backward_steps::column_finalize(p, b, w.partials, w.coef, w.block_sums, w.counter, stream));
   }
   util::NvtxRange range("fused::backward_dy");
-  return backward_steps::dy_pass(p, b, r, coef, stream);
+  return backward_steps::dy_pass(p, b, r, w.coef, stream);
+}
+
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_dot,
+                            void* workspace, std::size_t workspace_size, cudaStream_t stream) {
+  WorkspaceRegions w;
+  FUSED_RETURN_IF_ERROR(check_and_carve(p, b, workspace, workspace_size, w));
+  if (sums == nullptr || (p.M > 0 && row_dot == nullptr))
+    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_dot are required"};
+  if (p.N > 0) {
+    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, row_dot, stream));
+  } else if (p.M > 0) {  // no columns: every r_i is 0
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(row_dot, 0, sizeof(float) * p.M, stream),
+                                            "backward_column_sums: cudaMemsetAsync"));
+  }
+  util::NvtxRange range("fused::backward_column_sums");
+  return backward_steps::column_sums(p.M, p.N, w.partials, sums, stream);
 }
 
 }  // namespace fused::cuda

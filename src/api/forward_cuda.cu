@@ -112,9 +112,39 @@ std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include
          2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + gemm_bytes(p, path, g, include_cublaslt_workspace);
 }
 
-Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,
-               void* workspace, std::size_t workspace_size, cudaStream_t stream) {
-  FUSED_RETURN_IF_ERROR(validate(p, b, bn));
+namespace {
+
+// The workspace's regions: [partials.mean | partials.m2 | a | c | the path's GEMM workspace].
+struct WorkspaceRegions {
+  ColumnStatsPartials partials;
+  ColumnAffine affine;
+  char* gemm = nullptr;
+  std::size_t gemm_size = 0;
+};
+
+Status carve(const ForwardProblem& p, GemmPath path, float* save_mean, void* workspace, std::size_t workspace_size,
+             std::size_t needed, WorkspaceRegions& w) {
+  if (workspace_size < needed || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
+    return {StatusCode::kInvalidArgument, "workspace too small or not 256-byte aligned (workspace_bytes)"};
+  FUSED_RETURN_IF_ERROR(partials_geometry(p, path, w.partials));
+  auto* cursor = static_cast<char*>(workspace);
+  auto take = [&](std::size_t bytes) {
+    char* ptr = cursor;
+    cursor += align_up(bytes);
+    return ptr;
+  };
+  const std::size_t partial_bytes = sizeof(float) * static_cast<std::size_t>(w.partials.num_row_tiles * w.partials.ld);
+  w.partials.mean = reinterpret_cast<float*>(take(partial_bytes));
+  w.partials.m2 = reinterpret_cast<float*>(take(partial_bytes));
+  w.affine = ColumnAffine{save_mean, reinterpret_cast<float*>(take(sizeof(float) * p.N)),
+                          reinterpret_cast<float*>(take(sizeof(float) * p.N))};
+  w.gemm = cursor;
+  w.gemm_size = workspace_size - static_cast<std::size_t>(cursor - static_cast<char*>(workspace));
+  return Status::Ok();
+}
+
+// The path's own preconditions on this device.
+Status check_path(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path) {
   if (path != GemmPath::kSm90 && path != GemmPath::kGeneric) return {StatusCode::kInvalidArgument, "unknown GemmPath"};
   if (path == GemmPath::kSm90) {
     int device = 0;
@@ -124,57 +154,92 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
     FUSED_RETURN_IF_ERROR(sm90_device_ok(props));
     FUSED_RETURN_IF_ERROR(sm90_can_implement(p, b));
   }
-  if (workspace_size < workspace_bytes(p, path, b.cublaslt_workspace == nullptr) || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
-    return {StatusCode::kInvalidArgument, "workspace too small or not 256-byte aligned (workspace_bytes)"};
-  if (p.N == 0) return Status::Ok();
+  return Status::Ok();
+}
 
-  // Workspace: [partials.mean | partials.m2 | a | c | the path's GEMM workspace]
-  ColumnStatsPartials partials;
-  FUSED_RETURN_IF_ERROR(partials_geometry(p, path, partials));
-  auto* cursor = static_cast<char*>(workspace);
-  auto take = [&](std::size_t bytes) {
-    char* ptr = cursor;
-    cursor += align_up(bytes);
-    return ptr;
-  };
-  const std::size_t partial_bytes = sizeof(float) * static_cast<std::size_t>(partials.num_row_tiles * partials.ld);
-  partials.mean = reinterpret_cast<float*>(take(partial_bytes));
-  partials.m2 = reinterpret_cast<float*>(take(partial_bytes));
-  const ColumnAffine affine{b.save_mean, reinterpret_cast<float*>(take(sizeof(float) * p.N)),
-                            reinterpret_cast<float*>(take(sizeof(float) * p.N))};
-  const std::size_t gemm_size = workspace_size - static_cast<std::size_t>(cursor - static_cast<char*>(workspace));
-  const bool batch_stats = bn.uses_batch_stats();
-
-  if (p.M > 0) {
-    if (path == GemmPath::kSm90) {
+// [1]: y = x W^T + b, and the column partials when `with_partials` (batch statistics).
+Status gemm_and_partials(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path, const WorkspaceRegions& w,
+                         bool with_partials, cudaStream_t stream) {
+  if (p.M == 0) return Status::Ok();
+  if (path == GemmPath::kSm90) {
 #if defined(FUSED_WITH_SM90)
-      util::NvtxRange range("fused::gemm_stats_sm90");
-      sm90::GemmStatsArgs args = gemm_args(p, b, partials);
-      if (batch_stats) args.partials = partials;
-      switch (p.dtype) {
-        case ElementType::kBFloat16: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_bf16(args, cursor, stream)); break;
-        case ElementType::kFloat16: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_fp16(args, cursor, stream)); break;
-        case ElementType::kFloat32: FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats_tf32(args, cursor, stream)); break;
-        default: return {StatusCode::kNotSupported, "sm90 GEMM: unsupported dtype"};
-      }
-#endif
-    } else {
-      {
-        util::NvtxRange range("fused::gemm_cublaslt");
-        FUSED_RETURN_IF_ERROR(generic_gemm(p, b, cursor, gemm_size, stream));
-      }
-      if (batch_stats) {
-        util::NvtxRange range("fused::column_partials");
-        FUSED_RETURN_IF_ERROR(column_partials(b.y, b.ldy, p.M, p.N, partials, stream));
-      }
+    util::NvtxRange range("fused::gemm_stats_sm90");
+    sm90::GemmStatsArgs args = gemm_args(p, b, w.partials);
+    if (with_partials) args.partials = w.partials;
+    switch (p.dtype) {
+      case ElementType::kBFloat16: return sm90::run_gemm_stats_bf16(args, w.gemm, stream);
+      case ElementType::kFloat16: return sm90::run_gemm_stats_fp16(args, w.gemm, stream);
+      case ElementType::kFloat32: return sm90::run_gemm_stats_tf32(args, w.gemm, stream);
+      default: return {StatusCode::kNotSupported, "sm90 GEMM: unsupported dtype"};
     }
+#else
+    return {StatusCode::kNotSupported, "this build has no sm90 kernels"};
+#endif
   }
   {
+    util::NvtxRange range("fused::gemm_cublaslt");
+    FUSED_RETURN_IF_ERROR(generic_gemm(p, b, w.gemm, w.gemm_size, stream));
+  }
+  if (!with_partials) return Status::Ok();
+  util::NvtxRange range("fused::column_partials");
+  return column_partials(b.y, b.ldy, p.M, p.N, w.partials, stream);
+}
+
+// [2] and [3].
+Status finalize_and_softmax(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
+                            const WorkspaceRegions& w, cudaStream_t stream) {
+  {
     util::NvtxRange range("fused::finalize");
-    FUSED_RETURN_IF_ERROR(finalize(partials, p.M, p.N, bn, b.save_invstd, affine, stream));
+    FUSED_RETURN_IF_ERROR(finalize(w.partials, p.M, p.N, bn, b.save_invstd, w.affine, stream));
   }
   util::NvtxRange range("fused::row_softmax");
-  return row_softmax(b.y, b.ldy, p.M, p.N, affine, b.out, b.ldo, p.out_dtype, b.row_lse, stream);
+  return row_softmax(b.y, b.ldy, p.M, p.N, w.affine, b.out, b.ldo, p.out_dtype, b.row_lse, stream);
+}
+
+}  // namespace
+
+Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,
+               void* workspace, std::size_t workspace_size, cudaStream_t stream) {
+  FUSED_RETURN_IF_ERROR(validate(p, b, bn));
+  if (bn.rank_moments != nullptr)
+    return {StatusCode::kInvalidArgument, "forward: data-parallel statistics go through gemm_column_moments and "
+                                          "forward_from_y"};
+  FUSED_RETURN_IF_ERROR(check_path(p, b, path));
+  WorkspaceRegions w;
+  FUSED_RETURN_IF_ERROR(carve(p, path, b.save_mean, workspace, workspace_size,
+                              workspace_bytes(p, path, b.cublaslt_workspace == nullptr), w));
+  if (p.N == 0) return Status::Ok();
+  FUSED_RETURN_IF_ERROR(gemm_and_partials(p, b, path, w, bn.uses_batch_stats(), stream));
+  return finalize_and_softmax(p, b, bn, w, stream);
+}
+
+Status gemm_column_moments(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path, double* record,
+                           void* workspace, std::size_t workspace_size, cudaStream_t stream) {
+  FUSED_RETURN_IF_ERROR(validate_linear(p, b));
+  if (record == nullptr) return {StatusCode::kInvalidArgument, "gemm_column_moments: record is null"};
+  FUSED_RETURN_IF_ERROR(check_path(p, b, path));
+  WorkspaceRegions w;
+  FUSED_RETURN_IF_ERROR(carve(p, path, b.save_mean, workspace, workspace_size,
+                              workspace_bytes(p, path, b.cublaslt_workspace == nullptr), w));
+  if (p.N > 0) FUSED_RETURN_IF_ERROR(gemm_and_partials(p, b, path, w, /*with_partials=*/true, stream));
+  util::NvtxRange range("fused::column_moments");
+  return column_moments(w.partials, p.M, p.N, record, stream);
+}
+
+Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, void* workspace,
+                      std::size_t workspace_size, cudaStream_t stream) {
+  ForwardProblem no_gemm = p;
+  no_gemm.K = 0;  // the GEMM is done: x and W are not read
+  FUSED_RETURN_IF_ERROR(validate(no_gemm, b, bn));
+  WorkspaceRegions w;
+  FUSED_RETURN_IF_ERROR(carve(no_gemm, GemmPath::kGeneric, b.save_mean, workspace, workspace_size,
+                              workspace_bytes(no_gemm, GemmPath::kGeneric, false), w));
+  if (p.N == 0) return Status::Ok();
+  if (bn.uses_batch_stats() && bn.rank_moments == nullptr && p.M > 0) {
+    util::NvtxRange range("fused::column_partials");
+    FUSED_RETURN_IF_ERROR(column_partials(b.y, b.ldy, p.M, p.N, w.partials, stream));
+  }
+  return finalize_and_softmax(p, b, bn, w, stream);
 }
 
 }  // namespace fused::cuda

@@ -28,6 +28,9 @@ Status column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const 
 // [2] partials -> mean, invstd, running-stat update, folded ColumnAffine.
 Status finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const BatchNormArgs& bn,
                 float* save_invstd, const ColumnAffine& affine, cudaStream_t stream);
+// [2'] one rank's moments record (fused/batchnorm.h) from the partials: the data-parallel step 1's end.
+Status column_moments(const ColumnStatsPartials& partials, int64_t M, int64_t N, double* record,
+                      cudaStream_t stream);
 // [3] out = softmax(a * (y - shift) + c) and each row's log-normaliser (row_lse may be null).
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
                    int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream);

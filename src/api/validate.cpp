@@ -9,17 +9,22 @@ namespace {
 Status invalid(const char* msg) { return {StatusCode::kInvalidArgument, msg}; }
 }  // namespace
 
-Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn) {
+Status validate_linear(const ForwardProblem& p, const ForwardBuffers& b) {
   if (p.M < 0 || p.N < 0 || p.K < 0) return invalid("M, N and K must be non-negative");
   if (p.dtype == ElementType::kFloat64 || p.out_dtype == ElementType::kFloat64)
     return {StatusCode::kNotSupported, "the forward takes float32, bfloat16 or float16"};
   if (p.M > 0 && p.K > 0 && (b.x == nullptr || b.ldx < p.K)) return invalid("x: null or row stride < K");
   if (p.N > 0 && p.K > 0 && (b.weight == nullptr || b.ldw < p.K))
     return invalid("weight: null or row stride < K");
-  if (p.M > 0 && p.N > 0) {
-    if (b.y == nullptr || b.ldy < p.N) return invalid("y: null or row stride < N");
-    if (b.out == nullptr || b.ldo < p.N) return invalid("out: null or row stride < N");
-  }
+  if (p.M > 0 && p.N > 0 && (b.y == nullptr || b.ldy < p.N)) return invalid("y: null or row stride < N");
+  if (p.precision == MatmulPrecision::kTF32 && p.dtype != ElementType::kFloat32)
+    return invalid("TF32 precision applies to float32 inputs only");
+  return Status::Ok();
+}
+
+Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn) {
+  if (Status s = validate_linear(p, b); !s.ok()) return s;
+  if (p.M > 0 && p.N > 0 && (b.out == nullptr || b.ldo < p.N)) return invalid("out: null or row stride < N");
   if (p.N > 0 && (b.save_mean == nullptr || b.save_invstd == nullptr))
     return invalid("save_mean and save_invstd are required");
   if ((bn.running_mean == nullptr) != (bn.running_var == nullptr))
@@ -32,9 +37,10 @@ Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNor
     return invalid("scale must have 1 or N elements");
   if (bn.momentum < 0.0 && bn.updates_running_stats() && bn.num_batches_tracked == nullptr)
     return invalid("momentum=None needs num_batches_tracked");
-  if (batch_norm_batch_too_small(p.M, bn.uses_batch_stats())) return invalid(FUSED_BATCH_TOO_SMALL_MESSAGE);
-  if (p.precision == MatmulPrecision::kTF32 && p.dtype != ElementType::kFloat32)
-    return invalid("TF32 precision applies to float32 inputs only");
+  if (bn.rank_moments != nullptr && bn.num_ranks < 1) return invalid("rank_moments needs num_ranks >= 1");
+  // Data-parallel statistics count every rank's rows: one row here is fine.
+  if (bn.rank_moments == nullptr && batch_norm_batch_too_small(p.M, bn.uses_batch_stats()))
+    return invalid(FUSED_BATCH_TOO_SMALL_MESSAGE);
   return Status::Ok();
 }
 
@@ -54,6 +60,11 @@ Status validate(const BackwardProblem& p, const BackwardBuffers& b) {
     return invalid("backward: gamma/beta gradients asked for without affine parameters");
   if (b.scale == nullptr || (b.scale_numel != 1 && b.scale_numel != p.N))
     return invalid("backward: scale must have 1 or N elements");
+  if (b.rank_sums != nullptr) {
+    if (b.num_ranks < 1 || b.local_sums == nullptr || (p.M > 0 && b.row_dot == nullptr))
+      return invalid("backward: rank_sums needs num_ranks >= 1, local_sums and row_dot (backward_column_sums)");
+    if (!p.batch_stats) return invalid("backward: rank_sums apply to batch statistics only");
+  }
   return Status::Ok();
 }
 

@@ -17,53 +17,116 @@ void load_row(const void* base, ElementType t, int64_t ld, int64_t row, int64_t 
   for (int64_t n = n0; n < n1; ++n) dst[n - n0] = half_bits::load_double(base, t, row * ld + n);
 }
 
+// The steps' shared view of the problem: per-column constants and a row reader.
+class Rows {
+ public:
+  Rows(const BackwardProblem& p, const BackwardBuffers& b) : p_(p), b_(b), col_(static_cast<size_t>(p.N)) {
+    for (int64_t n = 0; n < p.N; ++n) col_[n] = detail::backward_column(n, p, b);
+  }
+  const BackwardProblem& p() const { return p_; }
+
+  // Calls body(n, g, out, xhat) for columns [n0, n1) of row i.
+  template <class Body>
+  void for_row_chunk(int64_t i, int64_t n0, int64_t n1, Body&& body) const {
+    const int64_t w = n1 - n0;
+    std::vector<double> g(static_cast<size_t>(w)), y(static_cast<size_t>(w));
+    load_row(b_.grad_out, p_.grad_dtype, b_.ldg, i, n0, n1, g.data());
+    load_row(b_.y, p_.stats_dtype, b_.ldy, i, n0, n1, y.data());
+    const double lse = half_bits::load_double(b_.row_lse, p_.stats_dtype, i);
+    for (int64_t n = n0; n < n1; ++n) {
+      const detail::BackwardColumn& k = col_[n];
+      const double centered = y[n - n0] - k.shift;
+      body(n, g[n - n0], std::exp(k.a * centered + k.c - lse), centered * k.invstd);
+    }
+  }
+
+  // [B1] r_i = sum_n g * out
+  std::vector<double> row_dots(const ParallelFor& parallel_for) const {
+    std::vector<double> r(static_cast<size_t>(p_.M));
+    parallel_for(p_.M, std::max<int64_t>(1, 16384 / p_.N), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        double acc = 0.0;
+        for_row_chunk(i, 0, p_.N, [&](int64_t, double g, double out, double) { acc += g * out; });
+        r[i] = acc;
+      }
+    });
+    return r;
+  }
+
+  // [B2] S1 and S2 of every column over all rows (each column in row order: any column split gives
+  // the same bits).
+  void column_sums(const std::vector<double>& r, std::vector<double>& s1, std::vector<double>& s2,
+                   const ParallelFor& parallel_for) const {
+    s1.assign(static_cast<size_t>(p_.N), 0.0);
+    s2.assign(static_cast<size_t>(p_.N), 0.0);
+    parallel_for(p_.N, 256, [&](int64_t n0, int64_t n1) {
+      for (int64_t i = 0; i < p_.M; ++i) {
+        for_row_chunk(i, n0, n1, [&](int64_t n, double g, double out, double xhat) {
+          const double dz = out * (g - r[i]);
+          s1[n] += dz;
+          s2[n] += dz * xhat;
+        });
+      }
+    });
+  }
+
+ private:
+  const BackwardProblem& p_;
+  const BackwardBuffers& b_;
+  std::vector<detail::BackwardColumn> col_;
+};
+
 }  // namespace
+
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_dot,
+                            const ParallelFor& parallel_for) {
+  if (Status s = validate(p, b); !s.ok()) return s;
+  if (sums == nullptr || (p.M > 0 && row_dot == nullptr))
+    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_dot are required"};
+  const int64_t M = p.M, N = p.N;
+  sums[0] = static_cast<double>(M);
+  std::vector<double> r(static_cast<size_t>(M), 0.0), s1(static_cast<size_t>(N), 0.0), s2(static_cast<size_t>(N), 0.0);
+  if (N > 0) {
+    const Rows rows(p, b);
+    r = rows.row_dots(parallel_for);
+    rows.column_sums(r, s1, s2, parallel_for);
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    sums[1 + n] = s1[n];
+    sums[1 + N + n] = s2[n];
+  }
+  for (int64_t i = 0; i < M; ++i) half_bits::store_double(row_dot, p.stats_dtype, i, r[i]);
+  return Status::Ok();
+}
 
 Status backward(const BackwardProblem& p, const BackwardBuffers& b, const ParallelFor& parallel_for) {
   if (Status s = validate(p, b); !s.ok()) return s;
   const int64_t M = p.M, N = p.N;
   if (N == 0) return Status::Ok();
-  std::vector<detail::BackwardColumn> col(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) col[n] = detail::backward_column(n, p, b);
+  const Rows rows(p, b);
 
-  // Calls body(n, g, out, xhat) for columns [n0, n1) of row i.
-  auto for_row_chunk = [&](int64_t i, int64_t n0, int64_t n1, auto&& body) {
-    const int64_t w = n1 - n0;
-    std::vector<double> g(static_cast<size_t>(w)), y(static_cast<size_t>(w));
-    load_row(b.grad_out, p.grad_dtype, b.ldg, i, n0, n1, g.data());
-    load_row(b.y, p.stats_dtype, b.ldy, i, n0, n1, y.data());
-    const double lse = half_bits::load_double(b.row_lse, p.stats_dtype, i);
-    for (int64_t n = n0; n < n1; ++n) {
-      const detail::BackwardColumn& k = col[n];
-      const double centered = y[n - n0] - k.shift;
-      body(n, g[n - n0], std::exp(k.a * centered + k.c - lse), centered * k.invstd);
-    }
-  };
+  // [B1], [B2]: computed here, or (data parallel) given by backward_column_sums and the exchange.
+  std::vector<double> r, s1, s2;
+  const bool data_parallel = b.rank_sums != nullptr;
+  if (data_parallel) {
+    r.resize(static_cast<size_t>(M));
+    for (int64_t i = 0; i < M; ++i) r[i] = half_bits::load_double(b.row_dot, p.stats_dtype, i);
+  } else {
+    r = rows.row_dots(parallel_for);
+    rows.column_sums(r, s1, s2, parallel_for);
+  }
 
-  // [B1] r_i = sum_n g * out
-  std::vector<double> r(static_cast<size_t>(M));
-  parallel_for(M, std::max<int64_t>(1, 16384 / N), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      double acc = 0.0;
-      for_row_chunk(i, 0, N, [&](int64_t, double g, double out, double) { acc += g * out; });
-      r[i] = acc;
-    }
-  });
-
-  // [B2] + [B3] column sums over all rows (each column in row order: any column split gives the
-  // same bits), then the per-column finalize.
+  // [B3] the per-column finalize
   std::vector<detail::ColumnGrad> coef(static_cast<size_t>(N));
-  parallel_for(N, 256, [&](int64_t n0, int64_t n1) {
-    std::vector<double> s1(static_cast<size_t>(n1 - n0)), s2(static_cast<size_t>(n1 - n0));
-    for (int64_t i = 0; i < M; ++i) {
-      for_row_chunk(i, n0, n1, [&](int64_t n, double g, double out, double xhat) {
-        const double dz = out * (g - r[i]);
-        s1[n - n0] += dz;
-        s2[n - n0] += dz * xhat;
-      });
+  for (int64_t n = 0; n < N; ++n) {
+    if (data_parallel) {
+      const detail::ColumnSums local{b.local_sums[0], b.local_sums[1 + n], b.local_sums[1 + N + n]};
+      coef[n] = detail::finalize_column_grad(n, local, detail::sum_rank_records(b.rank_sums, b.num_ranks, N, n), p, b);
+    } else {
+      const detail::ColumnSums sums{static_cast<double>(M), s1[n], s2[n]};
+      coef[n] = detail::finalize_column_grad(n, sums, sums, p, b);
     }
-    for (int64_t n = n0; n < n1; ++n) coef[n] = detail::finalize_column_grad(n, s1[n - n0], s2[n - n0], p, b);
-  });
+  }
   if (b.grad_scale != nullptr && b.scale_numel == 1) {
     double sum = 0.0;
     for (int64_t n = 0; n < N; ++n) sum += coef[n].d_scale_term;
@@ -74,7 +137,7 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, const Parall
   if (b.dy == nullptr && b.dy_t == nullptr) return Status::Ok();
   parallel_for(M, std::max<int64_t>(1, 16384 / N), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      for_row_chunk(i, 0, N, [&](int64_t n, double g, double out, double xhat) {
+      rows.for_row_chunk(i, 0, N, [&](int64_t n, double g, double out, double xhat) {
         const double dy = coef[n].a * (out * (g - r[i])) + coef[n].b * xhat + coef[n].c;
         if (b.dy != nullptr) half_bits::store_double(b.dy, b.dy_dtype, i * b.lddy + n, dy);
         if (b.dy_t != nullptr) half_bits::store_double(b.dy_t, b.dy_dtype, n * b.lddy_t + i, dy);

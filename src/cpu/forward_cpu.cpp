@@ -43,8 +43,8 @@ void finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const B
               float* save_invstd, const ColumnAffine& affine) {
   const bool batch = bn.uses_batch_stats();
   for (int64_t n = 0; n < N; ++n) {
-    const detail::MeanM2 s = batch ? detail::merge_column_partials(partials, M, n) : detail::MeanM2{};
-    detail::finalize_column(n, s, M, bn, save_invstd, affine);
+    const detail::MeanM2 s = batch ? detail::batch_moments(partials, M, N, bn, n) : detail::MeanM2{};
+    detail::finalize_column(n, s, bn, save_invstd, affine);
   }
 }
 
@@ -102,29 +102,64 @@ void serial_for(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>&
   if (n > 0) body(0, n);
 }
 
-Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
-                      const ParallelFor& parallel_for) {
-  if (Status s = validate(p, b, bn); !s.ok()) return s;
-  const int64_t M = p.M, N = p.N;
-  if (N == 0) return Status::Ok();
+namespace {
+
+// The column partials of y in row tiles of 128 rows, in `storage`.
+ColumnStatsPartials partials_of(const float* y, int64_t ldy, int64_t M, int64_t N, std::vector<float>& storage,
+                                const ParallelFor& parallel_for) {
   constexpr int64_t kRowTile = 128;
   ColumnStatsPartials partials;
+  partials.row_tile = kRowTile;
+  partials.num_row_tiles = (M + kRowTile - 1) / kRowTile;
+  partials.ld = N;
+  storage.resize(static_cast<size_t>(2 * partials.num_row_tiles * N));
+  partials.mean = storage.data();
+  partials.m2 = storage.data() + partials.num_row_tiles * N;
+  // Each column's statistics depend on that column alone: any column split gives the same bits.
+  parallel_for(N, 256, [&](int64_t n0, int64_t n1) {
+    ColumnStatsPartials slice = partials;
+    slice.mean += n0;
+    slice.m2 += n0;
+    column_partials(y + n0, ldy, M, n1 - n0, slice);
+  });
+  return partials;
+}
+
+}  // namespace
+
+Status column_moments(const ForwardProblem& p, const float* y, int64_t ldy, double* record,
+                      const ParallelFor& parallel_for) {
+  ForwardBuffers b;
+  b.y = const_cast<float*>(y);
+  b.ldy = ldy;
+  ForwardProblem no_gemm = p;
+  no_gemm.K = 0;  // the GEMM is done: x and W are not read
+  if (Status s = validate_linear(no_gemm, b); !s.ok()) return s;
+  if (record == nullptr) return {StatusCode::kInvalidArgument, "column_moments: record is null"};
+  const int64_t M = p.M, N = p.N;
+  record[0] = static_cast<double>(M);
   std::vector<float> storage;
-  if (bn.uses_batch_stats() && M > 0) {
-    partials.row_tile = kRowTile;
-    partials.num_row_tiles = (M + kRowTile - 1) / kRowTile;
-    partials.ld = N;
-    storage.resize(static_cast<size_t>(2 * partials.num_row_tiles * N));
-    partials.mean = storage.data();
-    partials.m2 = storage.data() + partials.num_row_tiles * N;
-    // Each column's statistics depend on that column alone: any column split gives the same bits.
-    parallel_for(N, 256, [&](int64_t n0, int64_t n1) {
-      ColumnStatsPartials slice = partials;
-      slice.mean += n0;
-      slice.m2 += n0;
-      column_partials(b.y + n0, b.ldy, M, n1 - n0, slice);
-    });
+  const ColumnStatsPartials partials = M > 0 && N > 0 ? partials_of(y, ldy, M, N, storage, parallel_for)
+                                                      : ColumnStatsPartials{};
+  for (int64_t n = 0; n < N; ++n) {
+    const detail::MeanM2 s = detail::merge_column_partials(partials, M, n);
+    record[1 + n] = s.mean;
+    record[1 + N + n] = s.m2;
   }
+  return Status::Ok();
+}
+
+Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
+                      const ParallelFor& parallel_for) {
+  ForwardProblem no_gemm = p;
+  no_gemm.K = 0;  // the GEMM is done: x and W are not read
+  if (Status s = validate(no_gemm, b, bn); !s.ok()) return s;
+  const int64_t M = p.M, N = p.N;
+  if (N == 0) return Status::Ok();
+  ColumnStatsPartials partials;
+  std::vector<float> storage;
+  if (bn.uses_batch_stats() && bn.rank_moments == nullptr && M > 0)
+    partials = partials_of(b.y, b.ldy, M, N, storage, parallel_for);
   std::vector<float> ac(static_cast<size_t>(2 * N));
   const ColumnAffine affine{b.save_mean, ac.data(), ac.data() + N};
   finalize(partials, M, N, bn, b.save_invstd, affine);

@@ -117,7 +117,8 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     const OptString precision = ctx->saved_data["precision"].toStringRef();
     auto result = backward_op().call(grad_out, saved[0], saved[1], saved[2], saved[3], opt(saved[4]), opt(saved[5]),
                                      opt(saved[6]), opt(saved[7]), saved[8], ctx->saved_data["batch_stats"].toBool(),
-                                     mask, precision, ctx->saved_data["linear_grad_dtype"].toScalarType());
+                                     mask, precision, ctx->saved_data["linear_grad_dtype"].toScalarType(),
+                                     std::nullopt, std::nullopt, std::nullopt);
     auto take = [&](int k, const OptTensor& g) { grads[kArgIndex[k]] = g.value_or(at::Tensor()); };
     take(kGradX, std::get<kGradX>(result));
     take(kGradWeight, std::get<kGradWeight>(result));

@@ -10,9 +10,15 @@ namespace fused::torch_op {
 
 Grads gemm_bn_softmax_backward_cpu(const BackwardArgs& a);
 Outputs gemm_bn_softmax_cpu(const OpArgs& a);
+MomentsOutputs gemm_column_moments_cpu(const OpArgs& a);
+FromMomentsOutputs bn_softmax_from_moments_cpu(const FromMomentsArgs& a);
+SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a);
 #if defined(FUSED_TORCH_CUDA)
 Outputs gemm_bn_softmax_cuda(const OpArgs& a);
 Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a);
+MomentsOutputs gemm_column_moments_cuda(const OpArgs& a);
+FromMomentsOutputs bn_softmax_from_moments_cuda(const FromMomentsArgs& a);
+SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a);
 #endif
 
 namespace {
@@ -34,12 +40,63 @@ OptGrads backward_entry(const at::Tensor& grad_out, const at::Tensor& y, const a
                         const at::Tensor& save_invstd, const at::Tensor& row_lse, const OptTensor& x,
                         const OptTensor& weight, const OptTensor& bn_weight, const OptTensor& bn_bias,
                         const at::Tensor& scale, bool batch_stats, std::array<bool, 6> output_mask,
-                        const OptString& precision, OptDtype linear_grad_dtype) {
+                        const OptString& precision, OptDtype linear_grad_dtype, const OptTensor& row_dot,
+                        const OptTensor& local_sums, const OptTensor& rank_sums) {
   const Grads g = Impl(BackwardArgs{grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
-                                    scale, batch_stats, output_mask, precision, linear_grad_dtype});
+                                    scale, batch_stats, output_mask, precision, linear_grad_dtype, row_dot,
+                                    local_sums, rank_sums});
   auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
   return {opt(std::get<0>(g)), opt(std::get<1>(g)), opt(std::get<2>(g)),
           opt(std::get<3>(g)), opt(std::get<4>(g)), opt(std::get<5>(g))};
+}
+
+// ---- data parallel: schema order -> the kernels' argument structs ----
+template <MomentsOutputs (*Impl)(const OpArgs&)>
+MomentsOutputs moments_entry(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                             const OptString& precision, const OptString& path, OptDtype compute_dtype) {
+  static const OptTensor none;
+  static const at::Tensor no_scale;
+  return Impl(OpArgs{x, weight, bias, none, none, none, none, none, no_scale, /*training=*/true, 0.1, 1e-5, precision,
+                     path, compute_dtype, std::nullopt});
+}
+
+template <FromMomentsOutputs (*Impl)(const FromMomentsArgs&)>
+FromMomentsOutputs from_moments_entry(const at::Tensor& y, const at::Tensor& rank_moments, const OptTensor& bn_weight,
+                                      const OptTensor& bn_bias, const OptTensor& running_mean,
+                                      const OptTensor& running_var, const OptTensor& num_batches_tracked,
+                                      const at::Tensor& scale, std::optional<double> momentum, double eps,
+                                      OptDtype compute_dtype, OptDtype out_dtype) {
+  TORCH_CHECK(y.dim() == 2, "y must be 2-D (batch, out_features), got shape ", y.sym_sizes());
+  const at::Tensor columns = y.t();  // stands in for weight: N rows (no GEMM runs here)
+  return Impl(FromMomentsArgs{y, rank_moments,
+                              OpArgs{y, columns, std::nullopt, bn_weight, bn_bias, running_mean, running_var,
+                                     num_batches_tracked, scale, /*training=*/true, momentum, eps, std::nullopt,
+                                     std::nullopt, compute_dtype, out_dtype}});
+}
+
+template <SumsOutputs (*Impl)(const BackwardArgs&)>
+SumsOutputs sums_entry(const at::Tensor& grad_out, const at::Tensor& y, const at::Tensor& save_mean,
+                       const at::Tensor& save_invstd, const at::Tensor& row_lse, const OptTensor& bn_weight,
+                       const OptTensor& bn_bias, const at::Tensor& scale) {
+  static const OptTensor none;
+  return Impl(BackwardArgs{grad_out, y, save_mean, save_invstd, row_lse, none, none, bn_weight, bn_bias, scale,
+                           /*batch_stats=*/true, {}, std::nullopt, std::nullopt, none, none, none});
+}
+
+MomentsOutputs gemm_column_moments_meta(const OpArgs& a) {
+  check_linear_args(a);
+  return {at::empty_symint({a.sym_M(), a.sym_N()}, a.x.options().dtype(at::kFloat)),
+          at::empty_symint({2 * a.sym_N() + 1}, a.x.options().dtype(at::kDouble))};
+}
+
+FromMomentsOutputs bn_softmax_from_moments_meta(const FromMomentsArgs& a) {
+  check_from_moments_args(a);
+  return allocate_from_moments_outputs(a);
+}
+
+SumsOutputs gemm_bn_softmax_backward_sums_meta(const BackwardArgs& a) {
+  check_backward_args(a);
+  return allocate_sums_outputs(a);
 }
 
 // Shapes and errors only: torch.compile / FakeTensor trace through these.
@@ -88,9 +145,27 @@ TORCH_LIBRARY(fused, m) {
   m.def(
       "gemm_bn_softmax_backward(Tensor grad_out, Tensor y, Tensor save_mean, Tensor save_invstd, Tensor row_lse, "
       "Tensor? x, Tensor? weight, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, bool batch_stats, "
-      "bool[6] output_mask, str? precision=None, ScalarType? linear_grad_dtype=None) "
+      "bool[6] output_mask, str? precision=None, ScalarType? linear_grad_dtype=None, Tensor? row_dot=None, "
+      "Tensor? local_sums=None, Tensor? rank_sums=None) "
       "-> (Tensor? grad_x, Tensor? grad_weight, Tensor? grad_bias, Tensor? grad_bn_weight, Tensor? grad_bn_bias, "
       "Tensor? grad_scale)");
+  // Data parallelism (nn.SyncBatchNorm's semantics) splits both ops at the exchange of statistics,
+  // which the caller makes (gemm_bn_softmax.distributed: one all_gather each way):
+  //   forward:  gemm_column_moments -> all_gather(moments) -> bn_softmax_from_moments
+  //   backward: gemm_bn_softmax_backward_sums -> all_gather(sums) -> gemm_bn_softmax_backward(...,
+  //             row_dot, local_sums=sums, rank_sums)
+  // A rank's record is [count, mean or S1 (N), M2 or S2 (N)] in float64; rank_* stack them in rank order.
+  m.def(
+      "gemm_column_moments(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None, "
+      "ScalarType? compute_dtype=None) -> (Tensor y, Tensor moments)");
+  m.def(
+      "bn_softmax_from_moments(Tensor y, Tensor rank_moments, Tensor? bn_weight, Tensor? bn_bias, "
+      "Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, Tensor scale, "
+      "float? momentum, float eps, ScalarType? compute_dtype=None, ScalarType? out_dtype=None) "
+      "-> (Tensor out, Tensor save_mean, Tensor save_invstd, Tensor row_lse)");
+  m.def(
+      "gemm_bn_softmax_backward_sums(Tensor grad_out, Tensor y, Tensor save_mean, Tensor save_invstd, "
+      "Tensor row_lse, Tensor? bn_weight, Tensor? bn_bias, Tensor scale) -> (Tensor sums, Tensor row_dot)");
   // Debug query: the path gemm_bn_softmax takes for these operands ("cpu", "sm90", "generic").
   m.def("dispatch_path(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None) -> str");
 }
@@ -100,12 +175,18 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("gemm_bn_softmax", &entry<gemm_bn_softmax_cpu>);
   m.impl("gemm_bn_softmax_backward", &backward_entry<gemm_bn_softmax_backward_cpu>);
   m.impl("dispatch_path", &path_entry<select_cpu_path>);
+  m.impl("gemm_column_moments", &moments_entry<gemm_column_moments_cpu>);
+  m.impl("bn_softmax_from_moments", &from_moments_entry<bn_softmax_from_moments_cpu>);
+  m.impl("gemm_bn_softmax_backward_sums", &sums_entry<gemm_bn_softmax_backward_sums_cpu>);
 }
 
 TORCH_LIBRARY_IMPL(fused, Meta, m) {
   using namespace fused::torch_op;
   m.impl("gemm_bn_softmax", &entry<gemm_bn_softmax_meta>);
   m.impl("gemm_bn_softmax_backward", &backward_entry<gemm_bn_softmax_backward_meta>);
+  m.impl("gemm_column_moments", &moments_entry<gemm_column_moments_meta>);
+  m.impl("bn_softmax_from_moments", &from_moments_entry<bn_softmax_from_moments_meta>);
+  m.impl("gemm_bn_softmax_backward_sums", &sums_entry<gemm_bn_softmax_backward_sums_meta>);
 }
 
 #if defined(FUSED_TORCH_CUDA)
@@ -114,5 +195,8 @@ TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("gemm_bn_softmax", &entry<gemm_bn_softmax_cuda>);
   m.impl("gemm_bn_softmax_backward", &backward_entry<gemm_bn_softmax_backward_cuda>);
   m.impl("dispatch_path", &path_entry<select_cuda_path>);
+  m.impl("gemm_column_moments", &moments_entry<gemm_column_moments_cuda>);
+  m.impl("bn_softmax_from_moments", &from_moments_entry<bn_softmax_from_moments_cuda>);
+  m.impl("gemm_bn_softmax_backward_sums", &sums_entry<gemm_bn_softmax_backward_sums_cuda>);
 }
 #endif

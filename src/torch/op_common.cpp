@@ -79,6 +79,10 @@ void check_linear_args(const OpArgs& a) {
 
 void check_args(const OpArgs& a) {
   check_linear_args(a);
+  check_bn_args(a);
+}
+
+void check_bn_args(const OpArgs& a) {
   check_vector(a.bn_weight, "bn_weight", a);
   check_vector(a.bn_bias, "bn_bias", a);
   TORCH_CHECK(defined(a.bn_weight) == defined(a.bn_bias),
@@ -125,17 +129,48 @@ Outputs allocate_outputs(const OpArgs& a) {
   const c10::SymInt M = a.sym_M(), N = a.sym_N();
   Outputs outs{at::empty_symint({M, N}, a.x.options().dtype(a.out_scalar_type())), at::empty_symint({N}, f32),
                at::empty_symint({N}, f32), at::empty_symint({M, N}, f32), at::empty_symint({M}, f32)};
-  // Test aid: GEMM_BN_SOFTMAX_POISON=1 fills every output with NaN before the kernels run, so
-  // an element a kernel forgets to write shows up in the tests.
-  if (!a.x.is_meta()) {
-    if (const char* env = std::getenv("GEMM_BN_SOFTMAX_POISON"); env != nullptr && env[0] == '1') {
-      std::get<0>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
-      std::get<1>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
-      std::get<2>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
-      std::get<3>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
-      std::get<4>(outs).fill_(std::numeric_limits<double>::quiet_NaN());
-    }
+  poison({std::get<0>(outs), std::get<1>(outs), std::get<2>(outs), std::get<3>(outs), std::get<4>(outs)});
+  return outs;
+}
+
+void poison(std::initializer_list<at::Tensor> outputs) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("GEMM_BN_SOFTMAX_POISON");
+    return env != nullptr && env[0] == '1';
+  }();
+  if (!enabled) return;
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && !t.is_meta()) t.fill_(std::numeric_limits<double>::quiet_NaN());
   }
+}
+
+void check_from_moments_args(const FromMomentsArgs& a) {
+  const at::Tensor& y = a.y;
+  TORCH_CHECK(y.dim() == 2 && y.scalar_type() == at::kFloat, "y must be 2-D float32 (gemm_column_moments' y), got ",
+              y.scalar_type(), " ", y.sym_sizes());
+  check_rank_records(a.rank_moments, std::nullopt, y.sym_size(1), y.device(), "rank_moments", "");
+  TORCH_CHECK(!a.bn.compute_dtype || is_supported_dtype(*a.bn.compute_dtype),
+              "compute_dtype must be float32, bfloat16 or float16, got ", *a.bn.compute_dtype);
+  TORCH_CHECK(!a.bn.out_dtype || is_supported_dtype(*a.bn.out_dtype),
+              "out_dtype must be float32, bfloat16 or float16, got ", *a.bn.out_dtype);
+  TORCH_CHECK(a.bn.training, "data-parallel statistics apply to training only");
+  check_bn_args(a.bn);
+}
+
+FromMomentsOutputs allocate_from_moments_outputs(const FromMomentsArgs& a) {
+  const auto f32 = a.y.options().dtype(at::kFloat);
+  const c10::SymInt M = a.y.sym_size(0), N = a.y.sym_size(1);
+  FromMomentsOutputs outs{at::empty_symint({M, N}, a.y.options().dtype(a.bn.out_scalar_type())),
+                          at::empty_symint({N}, f32), at::empty_symint({N}, f32), at::empty_symint({M}, f32)};
+  poison({std::get<0>(outs), std::get<1>(outs), std::get<2>(outs), std::get<3>(outs)});
+  return outs;
+}
+
+SumsOutputs allocate_sums_outputs(const BackwardArgs& a) {
+  const c10::SymInt M = a.grad_out.sym_size(0), N = a.grad_out.sym_size(1);
+  SumsOutputs outs{at::empty_symint({2 * N + 1}, a.grad_out.options().dtype(at::kDouble)),
+                   at::empty_symint({M}, a.y.options())};
+  poison({std::get<0>(outs), std::get<1>(outs)});
   return outs;
 }
 
@@ -283,6 +318,33 @@ void check_backward_args(const BackwardArgs& a) {
   TORCH_CHECK(!a.linear_grad_dtype || floating(*a.linear_grad_dtype), "linear_grad_dtype must be floating, got ",
               *a.linear_grad_dtype);
   check_precision(a.precision);
+  const bool data_parallel = defined(a.rank_sums);
+  TORCH_CHECK(data_parallel == defined(a.local_sums) && data_parallel == defined(a.row_dot),
+              "row_dot, local_sums and rank_sums (data-parallel backward) must be given together");
+  if (data_parallel) {
+    TORCH_CHECK(a.batch_stats, "rank_sums (data-parallel backward) need batch_stats=True");
+    check_rank_records(*a.rank_sums, *a.local_sums, N, g.device(), "rank_sums", "local_sums");
+    TORCH_CHECK(a.row_dot->dim() == 1 && a.row_dot->sym_size(0) == g.sym_size(0) &&
+                    a.row_dot->scalar_type() == a.y.scalar_type() && a.row_dot->device() == g.device(),
+                "row_dot must be [batch] = [", g.sym_size(0), "] of y's dtype on grad_out's device, got ",
+                a.row_dot->sym_sizes(), " ", a.row_dot->scalar_type());
+  }
+}
+
+void check_rank_records(const at::Tensor& records, const std::optional<at::Tensor>& own, const c10::SymInt& N,
+                        const at::Device& device, const char* name, const char* own_name) {
+  const c10::SymInt size = 2 * N + 1;
+  TORCH_CHECK(records.dim() == 2 && records.sym_size(0) >= 1 && records.sym_size(1) == size &&
+                  records.scalar_type() == at::kDouble && records.device() == device,
+              name, " must be float64 of shape [world_size, 2 * out_features + 1] = [*, ", size, "] on ", device,
+              " (every rank's record, in rank order), got ", records.scalar_type(), " ", records.sym_sizes(), " on ",
+              records.device());
+  if (own.has_value()) {
+    TORCH_CHECK(own->dim() == 1 && own->sym_size(0) == size && own->scalar_type() == at::kDouble &&
+                    own->device() == device,
+                own_name, " must be float64 of shape [2 * out_features + 1] = [", size, "] on ", device, ", got ",
+                own->scalar_type(), " ", own->sym_sizes());
+  }
 }
 
 Grads allocate_grads(const BackwardArgs& a) {
@@ -352,7 +414,19 @@ BackwardTensors prepare_backward(const BackwardArgs& a, Grads& grads) {
   b.grad_gamma = ptr(t.grad_gamma);
   b.grad_beta = ptr(t.grad_beta);
   b.grad_scale = ptr(t.grad_scale);
+  t.set_data_parallel(a);
   return t;
+}
+
+void BackwardTensors::set_data_parallel(const BackwardArgs& a) {
+  if (!defined(a.rank_sums)) return;
+  row_dot = a.row_dot->contiguous();
+  local_sums = a.local_sums->contiguous();
+  rank_sums = a.rank_sums->contiguous();
+  buffers.row_dot = row_dot.data_ptr();
+  buffers.local_sums = local_sums.data_ptr<double>();
+  buffers.rank_sums = rank_sums.data_ptr<double>();
+  buffers.num_ranks = rank_sums.size(0);
 }
 
 void BackwardTensors::commit(Grads& grads) const {

@@ -55,6 +55,9 @@ struct OpArgs {
 // only (enough to choose a path).
 void check_args(const OpArgs& a);
 void check_linear_args(const OpArgs& a);
+// The BatchNorm part of check_args (BN vectors, running statistics, scale, eps, momentum): reads x
+// only for its device, weight only for N.
+void check_bn_args(const OpArgs& a);
 // The library's batch-of-one rule, for the Meta kernel (the CPU and CUDA kernels get it from the
 // library's validation).
 void check_batch_size(const OpArgs& a);
@@ -117,6 +120,11 @@ struct BackwardArgs {
   std::array<bool, 6> output_mask;  // in GradIndex order
   const std::optional<std::string>& precision;
   std::optional<at::ScalarType> linear_grad_dtype;  // of grad_x, grad_weight, grad_bias
+  // Data-parallel backward, all or none: what gemm_bn_softmax_backward_sums returned on this rank
+  // (row_dot, local_sums) and every rank's sums (rank_sums, [world_size, 2N + 1] float64).
+  const std::optional<at::Tensor>& row_dot;
+  const std::optional<at::Tensor>& local_sums;
+  const std::optional<at::Tensor>& rank_sums;
 
   int64_t M() const { return grad_out.size(0); }
   int64_t N() const { return grad_out.size(1); }
@@ -132,12 +140,41 @@ Grads allocate_grads(const BackwardArgs& a);
 // through fp32 copies whose gradients `commit()` copies into the outputs.
 struct BackwardTensors {
   at::Tensor grad_out, y, save_mean, save_invstd, row_lse, gamma, beta, scale;
+  at::Tensor row_dot, local_sums, rank_sums;  // data parallel only
   at::Tensor grad_gamma, grad_beta, grad_scale;  // where the library writes
   BackwardProblem problem;
   BackwardBuffers buffers;
+  void set_data_parallel(const BackwardArgs& a);
   void commit(Grads& grads) const;
 };
 // Fills everything but the dy buffers.
 BackwardTensors prepare_backward(const BackwardArgs& a, Grads& grads);
+
+// ---- data parallel (nn.SyncBatchNorm's semantics; the collectives are the caller's) ------------
+// Step 1 of the forward, gemm_column_moments: y and this rank's moments record ([2N + 1] float64,
+// fused/batchnorm.h), from the Linear operands of an OpArgs (check_linear_args).
+using MomentsOutputs = std::tuple<at::Tensor, at::Tensor>;
+// Step 2, bn_softmax_from_moments: the BatchNorm and softmax of step 1's y with every rank's records.
+struct FromMomentsArgs {
+  const at::Tensor& y;             // (M, N) float32, step 1's
+  const at::Tensor& rank_moments;  // (world_size, 2N + 1) float64, in rank order
+  // The BatchNorm arguments (check_bn_args, prepare_batchnorm): x is y (device, M), weight is y.t()
+  // (N), compute_dtype the dtype of step 1's GEMM (the BN vectors may have it).
+  OpArgs bn;
+};
+using FromMomentsOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // out, mean, invstd, row_lse
+void check_from_moments_args(const FromMomentsArgs& a);
+FromMomentsOutputs allocate_from_moments_outputs(const FromMomentsArgs& a);
+// A (world_size, 2N + 1) float64 table of rank records (and one rank's own, if given) on `device`.
+void check_rank_records(const at::Tensor& records, const std::optional<at::Tensor>& own, const c10::SymInt& N,
+                        const at::Device& device, const char* name, const char* own_name);
+// The backward's step 1, gemm_bn_softmax_backward_sums: this rank's sums record ([2N + 1] float64)
+// and row dots ([M], y's dtype). Reads the BackwardArgs of the backward without x and weight.
+using SumsOutputs = std::tuple<at::Tensor, at::Tensor>;
+SumsOutputs allocate_sums_outputs(const BackwardArgs& a);
+
+// Test aid (GEMM_BN_SOFTMAX_POISON=1): NaN-fills freshly allocated outputs so that an element a
+// kernel forgets to write fails the tests.
+void poison(std::initializer_list<at::Tensor> outputs);
 
 }  // namespace fused::torch_op

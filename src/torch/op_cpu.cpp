@@ -26,11 +26,10 @@ std::string select_cpu_path(const OpArgs& a) {
   return "cpu";
 }
 
-Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
-  check_args(a);
-  refuse_forced_cuda_path(a);
-  auto [out, save_mean, save_invstd, y, row_lse] = allocate_outputs(a);
-  // y = x W^T + b in fp32 (operands rounded to the compute dtype, then upcast: fp32 accumulation, fp32 y).
+namespace {
+
+// y = x W^T + b in fp32 (operands rounded to the compute dtype, then upcast: fp32 accumulation, fp32 y).
+void linear_into(const OpArgs& a, at::Tensor& y) {
   const LinearOperands lin = linear_operands(a);
   const at::Tensor xf = lin.x.to(at::kFloat), wf = lin.weight.to(at::kFloat);
   if (lin.bias.defined()) {
@@ -38,22 +37,77 @@ Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
   } else {
     at::mm_out(y, xf, wf.t());
   }
-  const BatchNormTensors bnt = prepare_batchnorm(a);
+}
 
+ForwardProblem problem_of(int64_t M, int64_t N, const OpArgs& a) {
   ForwardProblem p;
-  p.M = a.M(); p.N = a.N(); p.K = a.K();
+  p.M = M; p.N = N;  // K stays 0: the GEMM is done, the library reads y only
   p.dtype = element_type(a.linear_dtype());
   p.out_dtype = element_type(a.out_scalar_type());
+  return p;
+}
+
+ForwardBuffers from_y_buffers(at::Tensor& y, at::Tensor& out, at::Tensor& save_mean, at::Tensor& save_invstd,
+                              at::Tensor& row_lse) {
   ForwardBuffers b;
-  b.x = xf.data_ptr(); b.ldx = a.K();  // the GEMM is done: the library reads y only
-  b.weight = wf.data_ptr(); b.ldw = a.K();
-  b.y = y.data_ptr<float>(); b.ldy = p.N;
-  b.out = out.data_ptr(); b.ldo = p.N;
+  b.y = y.data_ptr<float>(); b.ldy = y.size(1);
+  b.out = out.data_ptr(); b.ldo = out.size(1);
   b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
   b.row_lse = row_lse.data_ptr<float>();
-  throw_on_error(cpu::forward_from_y(p, b, bnt.args(a), parallel), "gemm_bn_softmax");
+  return b;
+}
+
+}  // namespace
+
+Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
+  check_args(a);
+  refuse_forced_cuda_path(a);
+  auto [out, save_mean, save_invstd, y, row_lse] = allocate_outputs(a);
+  linear_into(a, y);
+  const BatchNormTensors bnt = prepare_batchnorm(a);
+  const ForwardBuffers b = from_y_buffers(y, out, save_mean, save_invstd, row_lse);
+  throw_on_error(cpu::forward_from_y(problem_of(a.M(), a.N(), a), b, bnt.args(a), parallel), "gemm_bn_softmax");
   bnt.commit(a);
   return {out, save_mean, save_invstd, y, row_lse};
+}
+
+MomentsOutputs gemm_column_moments_cpu(const OpArgs& a) {
+  check_linear_args(a);
+  refuse_forced_cuda_path(a);
+  at::Tensor y = at::empty({a.M(), a.N()}, a.x.options().dtype(at::kFloat));
+  at::Tensor record = at::empty({2 * a.N() + 1}, a.x.options().dtype(at::kDouble));
+  poison({y, record});
+  linear_into(a, y);
+  throw_on_error(cpu::column_moments(problem_of(a.M(), a.N(), a), y.data_ptr<float>(), a.N(),
+                                     record.data_ptr<double>(), parallel),
+                 "gemm_column_moments");
+  return {y, record};
+}
+
+FromMomentsOutputs bn_softmax_from_moments_cpu(const FromMomentsArgs& a) {
+  check_from_moments_args(a);
+  auto [out, save_mean, save_invstd, row_lse] = allocate_from_moments_outputs(a);
+  at::Tensor y = a.y.contiguous();
+  const at::Tensor records = a.rank_moments.contiguous();
+  const BatchNormTensors bnt = prepare_batchnorm(a.bn);
+  BatchNormArgs bn = bnt.args(a.bn);
+  bn.rank_moments = records.data_ptr<double>();
+  bn.num_ranks = records.size(0);
+  const ForwardBuffers b = from_y_buffers(y, out, save_mean, save_invstd, row_lse);
+  throw_on_error(cpu::forward_from_y(problem_of(y.size(0), y.size(1), a.bn), b, bn, parallel),
+                 "bn_softmax_from_moments");
+  bnt.commit(a.bn);
+  return {out, save_mean, save_invstd, row_lse};
+}
+
+SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a) {
+  check_backward_args(a);
+  auto [sums, row_dot] = allocate_sums_outputs(a);
+  Grads none;
+  const BackwardTensors t = prepare_backward(a, none);
+  throw_on_error(cpu::backward_column_sums(t.problem, t.buffers, sums.data_ptr<double>(), row_dot.data_ptr(), parallel),
+                 "gemm_bn_softmax_backward_sums");
+  return {sums, row_dot};
 }
 
 Grads gemm_bn_softmax_backward_cpu(const BackwardArgs& a) {

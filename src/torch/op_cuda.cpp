@@ -116,6 +116,76 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   return outs;
 }
 
+MomentsOutputs gemm_column_moments_cuda(const OpArgs& a) {
+  check_linear_args(a);
+  c10::cuda::CUDAGuard guard(a.x.device());
+  at::Tensor y = at::empty({a.M(), a.N()}, a.x.options().dtype(at::kFloat));
+  at::Tensor record = at::empty({2 * a.N() + 1}, a.x.options().dtype(at::kDouble));
+  poison({y, record});
+  const LinearOperands o = operands(a);
+  ForwardBuffers b;
+  b.x = o.x.data_ptr(); b.ldx = std::max<int64_t>(o.x.stride(0), o.x.size(1));
+  b.weight = o.weight.data_ptr(); b.ldw = std::max<int64_t>(o.weight.stride(0), o.weight.size(1));
+  b.bias = o.bias.defined() ? o.bias.data_ptr() : nullptr;
+  b.y = y.data_ptr<float>(); b.ldy = y.size(1);
+  const cuda::GemmPath path = choose(a, b);
+  if (path == cuda::GemmPath::kGeneric) {
+    b.cublaslt_workspace = at::cuda::getCUDABlasLtWorkspace();
+    b.cublaslt_workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
+  }
+  const ForwardProblem p = problem(a);
+  const std::size_t ws_bytes = cuda::workspace_bytes(p, path, b.cublaslt_workspace == nullptr);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.x.options().dtype(at::kByte));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.x.get_device()).stream();
+  throw_on_error(cuda::gemm_column_moments(p, b, path, record.data_ptr<double>(), workspace.data_ptr(), ws_bytes,
+                                           stream),
+                 "gemm_column_moments (CUDA)");
+  return {y, record};
+}
+
+FromMomentsOutputs bn_softmax_from_moments_cuda(const FromMomentsArgs& a) {
+  check_from_moments_args(a);
+  c10::cuda::CUDAGuard guard(a.y.device());
+  auto [out, save_mean, save_invstd, row_lse] = allocate_from_moments_outputs(a);
+  const at::Tensor y = a.y.contiguous();
+  const at::Tensor records = a.rank_moments.contiguous();
+  const BatchNormTensors bnt = prepare_batchnorm(a.bn);
+  BatchNormArgs bn = bnt.args(a.bn);
+  bn.rank_moments = records.data_ptr<double>();
+  bn.num_ranks = records.size(0);
+  ForwardProblem p;
+  p.M = y.size(0); p.N = y.size(1);  // K = 0: the GEMM is done
+  p.dtype = element_type(a.bn.linear_dtype());
+  p.out_dtype = element_type(a.bn.out_scalar_type());
+  ForwardBuffers b;
+  b.y = y.data_ptr<float>(); b.ldy = p.N;
+  b.out = out.data_ptr(); b.ldo = p.N;
+  b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
+  b.row_lse = row_lse.data_ptr<float>();
+  const std::size_t ws_bytes = cuda::workspace_bytes(p, cuda::GemmPath::kGeneric, false);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, y.options().dtype(at::kByte));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(y.get_device()).stream();
+  throw_on_error(cuda::forward_from_y(p, b, bn, workspace.data_ptr(), ws_bytes, stream),
+                 "bn_softmax_from_moments (CUDA)");
+  bnt.commit(a.bn);
+  return {out, save_mean, save_invstd, row_lse};
+}
+
+SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a) {
+  check_backward_args(a);
+  c10::cuda::CUDAGuard guard(a.grad_out.device());
+  auto [sums, row_dot] = allocate_sums_outputs(a);
+  Grads none;
+  const BackwardTensors t = prepare_backward(a, none);
+  const std::size_t ws_bytes = cuda::backward_workspace_bytes(t.problem);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.grad_out.options().dtype(at::kByte));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.grad_out.get_device()).stream();
+  throw_on_error(cuda::backward_column_sums(t.problem, t.buffers, sums.data_ptr<double>(), static_cast<float*>(row_dot.data_ptr()),
+                                            workspace.data_ptr(), ws_bytes, stream),
+                 "gemm_bn_softmax_backward_sums (CUDA)");
+  return {sums, row_dot};
+}
+
 Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
   check_backward_args(a);
   c10::cuda::CUDAGuard guard(a.grad_out.device());

@@ -26,13 +26,14 @@ using ForwardSignature = ForwardOutputs(
     const OptString&, OptDtype, OptDtype);
 
 // gemm_bn_softmax_backward(grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
-//                          scale, batch_stats, output_mask, precision, linear_grad_dtype)
+//                          scale, batch_stats, output_mask, precision, linear_grad_dtype,
+//                          row_dot, local_sums, rank_sums)
 //   -> (grad_x, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias, grad_scale)
 using OptGrads = std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor>;
 using BackwardSignature = OptGrads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                    const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
                                    const OptTensor&, const at::Tensor&, bool, std::array<bool, 6>, const OptString&,
-                                   OptDtype);
+                                   OptDtype, const OptTensor&, const OptTensor&, const OptTensor&);
 
 // The ops through the dispatcher, for kernels that call them again below their own key (Autograd,
 // Autocast).

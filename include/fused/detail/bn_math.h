@@ -45,6 +45,23 @@ FUSED_HD MeanM2 merge_column_partials(const ColumnStatsPartials& p, int64_t M, i
   return acc;
 }
 
+// Merges column `col` of the ranks' moment records ([count, mean[N], m2[N]] each) in rank order.
+FUSED_HD MeanM2 merge_rank_moments(const double* records, int64_t num_ranks, int64_t N, int64_t col) {
+  MeanM2 acc;
+  for (int64_t r = 0; r < num_ranks; ++r) {
+    const double* rec = records + r * rank_record_size(N);
+    chan_merge(acc, rec[0], rec[1 + col], rec[1 + N + col]);
+  }
+  return acc;
+}
+
+// The batch statistics of column `col`: every rank's (bn.rank_moments) or this call's row tiles.
+FUSED_HD MeanM2 batch_moments(const ColumnStatsPartials& p, int64_t M, int64_t N, const BatchNormArgs& bn,
+                              int64_t col) {
+  if (bn.rank_moments != nullptr) return merge_rank_moments(bn.rank_moments, bn.num_ranks, N, col);
+  return merge_column_partials(p, M, col);
+}
+
 // Momentum applied to the running statistics (nn.BatchNorm1d's exponential_average_factor).
 FUSED_HD double running_stat_factor(const BatchNormArgs& bn) {
   return bn.momentum < 0.0 ? 1.0 / static_cast<double>(*bn.num_batches_tracked) : bn.momentum;
@@ -53,17 +70,19 @@ FUSED_HD double running_stat_factor(const BatchNormArgs& bn) {
 // Finalizes column `col`: picks batch or running statistics, updates the running statistics
 // (biased variance for normalisation, unbiased M/(M-1) for the running estimate, as PyTorch),
 // writes the saved invstd and the folded affine map.
-FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, int64_t M, const BatchNormArgs& bn,
-                              float* save_invstd, const ColumnAffine& out) {
+// The count is the batch's (batch.n: this call's rows, or all ranks' with bn.rank_moments).
+FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, const BatchNormArgs& bn, float* save_invstd,
+                              const ColumnAffine& out) {
   using half_bits::load;
   const ElementType pt = bn.param_dtype;
   double mean, var;
   if (bn.uses_batch_stats()) {
     mean = batch.mean;
-    var = batch.n > 0.0 ? batch.m2 / batch.n : 0.0;
-    if (bn.running_mean != nullptr && M > 0) {  // an empty batch leaves them alone (as eager)
+    const double n = batch.n;
+    var = n > 0.0 ? batch.m2 / n : 0.0;
+    if (bn.running_mean != nullptr && n > 0.0) {  // an empty batch leaves them alone (as eager)
       const double f = running_stat_factor(bn);
-      const double unbiased = M > 1 ? var * static_cast<double>(M) / static_cast<double>(M - 1) : var;
+      const double unbiased = n > 1.0 ? var * n / (n - 1.0) : var;
       half_bits::store(bn.running_mean, pt, col, static_cast<float>((1.0 - f) * load(bn.running_mean, pt, col) + f * mean));
       half_bits::store(bn.running_var, pt, col, static_cast<float>((1.0 - f) * load(bn.running_var, pt, col) + f * unbiased));
     }
@@ -126,19 +145,38 @@ struct ColumnGrad {
   double d_scale_term = 0.0;
 };
 
-// Finalizes column `col` from S1 = sum_i dz, S2 = sum_i dz * xhat: stores d_gamma, d_beta, d_bias
-// and (per-column scale) d_scale where the buffers ask for them; returns the dy coefficients.
-FUSED_HD ColumnGrad finalize_column_grad(int64_t col, double s1, double s2, const BackwardProblem& p,
-                                         const BackwardBuffers& b) {
+// One column's sums over rows: S1 = sum_i dz, S2 = sum_i dz * xhat, over `count` rows.
+struct ColumnSums {
+  double count = 0.0, s1 = 0.0, s2 = 0.0;
+};
+
+// Column `col` of the ranks' column-sums records ([count, S1[N], S2[N]] each), added in rank order.
+FUSED_HD ColumnSums sum_rank_records(const double* records, int64_t num_ranks, int64_t N, int64_t col) {
+  ColumnSums acc;
+  for (int64_t r = 0; r < num_ranks; ++r) {
+    const double* rec = records + r * rank_record_size(N);
+    acc.count += rec[0];
+    acc.s1 += rec[1 + col];
+    acc.s2 += rec[1 + N + col];
+  }
+  return acc;
+}
+
+// Finalizes column `col`: stores d_gamma, d_beta, d_bias and (per-column scale) d_scale from this
+// call's sums `local`, where the buffers ask for them, and returns the dy coefficients, which
+// normalise over the whole batch (`global`: the same as `local` on one device; every rank's under
+// data parallelism).
+FUSED_HD ColumnGrad finalize_column_grad(int64_t col, const ColumnSums& local, const ColumnSums& global,
+                                         const BackwardProblem& p, const BackwardBuffers& b) {
   using half_bits::store_double;
   const BackwardColumn k = backward_column(col, p, b);
+  const double s1 = local.s1, s2 = local.s2;
   ColumnGrad g;
   g.d_scale_term = k.gamma * s2 + k.beta * s1;
   g.a = k.a;
-  if (p.batch_stats && p.M > 0) {
-    const double m = static_cast<double>(p.M);
-    g.b = -g.a * s2 / m;
-    g.c = -g.a * s1 / m;
+  if (p.batch_stats && global.count > 0.0) {
+    g.b = -g.a * global.s2 / global.count;
+    g.c = -g.a * global.s1 / global.count;
   }
   if (b.grad_gamma != nullptr) store_double(b.grad_gamma, b.param_dtype, col, k.s * s2);
   if (b.grad_beta != nullptr) store_double(b.grad_beta, b.param_dtype, col, k.s * s1);

@@ -46,6 +46,8 @@ Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const f
 Status column_finalize(const BackwardProblem& p, const BackwardBuffers& b, const GradPartials& partials,
                        const DyCoefficients& coef, double* block_sums, unsigned* counter, cudaStream_t stream);
 constexpr int kFinalizeThreads = 256;
+// Data-parallel step 1's end: sums = [M, S1[N], S2[N]], the tiles merged in order as [B3] does.
+Status column_sums(int64_t M, int64_t N, const GradPartials& partials, double* sums, cudaStream_t stream);
 // [B4] dy and/or dy^T.
 Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* r, const DyCoefficients& coef,
                cudaStream_t stream);

@@ -1,5 +1,6 @@
 // [B3] column finalize: one thread per column merges the per-row-tile sums S1, S2 in tile order
-// (double), then detail::finalize_column_grad writes d_gamma, d_beta, d_bias, a per-column scale's
+// (double) (data parallel: reads this rank's and every rank's sums instead), then
+// detail::finalize_column_grad writes d_gamma, d_beta, d_bias, a per-column scale's
 // gradient, and the dy coefficients. A scalar scale's gradient is a sum over all columns: each block
 // sums its columns in a fixed tree, and the last block to finish (a counter, as CUTLASS's
 // FinalReduction) adds the block sums in block order: deterministic whatever the finishing order.
@@ -13,18 +14,40 @@ namespace {
 
 constexpr int kThreads = kFinalizeThreads;
 
+// S1 and S2 of column `col`: its row tiles' sums added in tile order.
+__device__ detail::ColumnSums merge_tiles(const GradPartials& partials, int64_t M, int64_t col) {
+  detail::ColumnSums sums{static_cast<double>(M), 0.0, 0.0};
+  for (int64_t t = 0; t < partials.num_row_tiles; ++t) {
+    sums.s1 += partials.s1[t * partials.ld + col];
+    sums.s2 += partials.s2[t * partials.ld + col];
+  }
+  return sums;
+}
+
+// The data-parallel step 1's end: this rank's column-sums record [M, S1[N], S2[N]].
+__global__ void __launch_bounds__(kThreads) column_sums_kernel(int64_t M, int64_t N, GradPartials partials, double* sums) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (col == 0) sums[0] = static_cast<double>(M);
+  if (col >= N) return;
+  const detail::ColumnSums s = merge_tiles(partials, M, col);
+  sums[1 + col] = s.s1;
+  sums[1 + N + col] = s.s2;
+}
+
 __global__ void __launch_bounds__(kThreads)
     column_finalize_kernel(BackwardProblem p, BackwardBuffers b, GradPartials partials, DyCoefficients coef,
                            double* block_sums, unsigned* counter) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   double scale_term = 0.0;
   if (col < p.N) {
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t t = 0; t < partials.num_row_tiles; ++t) {
-      s1 += partials.s1[t * partials.ld + col];
-      s2 += partials.s2[t * partials.ld + col];
+    detail::ColumnGrad g;
+    if (b.rank_sums != nullptr) {  // data parallel: this rank's sums and every rank's, given
+      const detail::ColumnSums local{b.local_sums[0], b.local_sums[1 + col], b.local_sums[1 + p.N + col]};
+      g = detail::finalize_column_grad(col, local, detail::sum_rank_records(b.rank_sums, b.num_ranks, p.N, col), p, b);
+    } else {
+      const detail::ColumnSums sums = merge_tiles(partials, p.M, col);
+      g = detail::finalize_column_grad(col, sums, sums, p, b);
     }
-    const detail::ColumnGrad g = detail::finalize_column_grad(col, s1, s2, p, b);
     coef.b[col] = static_cast<float>(g.b);
     coef.c[col] = static_cast<float>(g.c);
     scale_term = g.d_scale_term;
@@ -58,6 +81,12 @@ Status column_finalize(const BackwardProblem& p, const BackwardBuffers& b, const
   const unsigned blocks = static_cast<unsigned>(util::ceil_div(p.N, kThreads));
   column_finalize_kernel<<<blocks, kThreads, 0, stream>>>(p, b, partials, coef, block_sums, counter);
   return util::launch_status("backward column_finalize_kernel launch");
+}
+
+Status column_sums(int64_t M, int64_t N, const GradPartials& partials, double* sums, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(util::ceil_div(N > 0 ? N : 1, kThreads));  // the count even when N = 0
+  column_sums_kernel<<<blocks, kThreads, 0, stream>>>(M, N, partials, sums);
+  return util::launch_status("backward column_sums_kernel launch");
 }
 
 }  // namespace fused::cuda::backward_steps

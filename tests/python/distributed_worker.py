@@ -1,0 +1,204 @@
+"""One rank of test_distributed's multi-process tests (torch.multiprocessing.spawn target).
+
+Every rank draws the same global batch, takes its slice (sizes[rank] rows), runs the fused block
+in data-parallel form and checks it against the float64 full-batch reference (what
+nn.SyncBatchNorm computes), and that the statistics are the same bits on every rank. A failed
+assertion in any rank fails the spawn, hence the test.
+"""
+import copy
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers import assert_cancelled_bias_grad, functional_ref64, rel_err
+
+import gemm_bn_softmax as gbs
+from gemm_bn_softmax.reference import ReferenceModel
+
+K, N = 12, 10
+TOL = 1e-5  # float32 against float64 (the accuracy contract)
+
+
+def randomized(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.weight.copy_(0.5 + torch.rand(m.weight.shape, generator=g))
+                m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g))
+                m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
+                m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
+        if hasattr(model, "scale"):
+            model.scale.copy_(1 + torch.rand(model.scale.shape, generator=g))
+    return model
+
+
+def global_batch(sizes, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    M = sum(sizes)
+    return torch.rand(M, K, generator=g) * 2 - 0.5, torch.randn(M, N, generator=g)
+
+
+def my_rows(t, sizes, rank):
+    start = sum(sizes[:rank])
+    return t[start:start + sizes[rank]]
+
+
+def same_on_every_rank(t, what):
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    for r, p in enumerate(parts):
+        assert torch.equal(p, parts[0]), f"{what}: rank {r} differs from rank 0"
+
+
+def reference_step(model, x, g):
+    """float64 full batch: the output, x's gradient and the parameters' gradients of sum(out * g)."""
+    ref = copy.deepcopy(model).double()
+    x64 = x.double().requires_grad_()
+    out = ref(x64)
+    (out * g.double()).sum().backward()
+    return ref, out.detach(), x64.grad
+
+
+def check_module_under_ddp(sizes, rank, device):
+    """FusedGemmBNSoftmax(process_group=WORLD) wrapped in DDP (GPUs: also with its bn made an
+    nn.SyncBatchNorm by convert_sync_batchnorm, which DDP refuses on the CPU): out, dx, DDP-averaged
+    parameter gradients, running statistics; the statistics bitwise equal on every rank."""
+    check_fused_under_ddp(sizes, rank, device, lambda: gbs.FusedGemmBNSoftmax(K, N, scale_shape=(N,),
+                                                                             process_group=dist.group.WORLD))
+    if device.type == "cuda":
+        check_fused_under_ddp(sizes, rank, device, lambda: nn.SyncBatchNorm.convert_sync_batchnorm(
+            gbs.FusedGemmBNSoftmax(K, N, scale_shape=(N,))))
+
+
+def check_fused_under_ddp(sizes, rank, device, make):
+    world = len(sizes)
+    ref_model = randomized(ReferenceModel(K, N, scale_shape=(N,)))
+    x, g = global_batch(sizes)
+    ref, out64, dx64 = reference_step(ref_model, x, g)
+
+    fused = make().to(device)
+    fused.load_state_dict(ref_model.state_dict())
+    ddp = DDP(fused, device_ids=[device.index] if device.type == "cuda" else None)
+    xl = my_rows(x, sizes, rank).to(device).requires_grad_()
+    out = ddp(xl)
+    (out * my_rows(g, sizes, rank).to(device)).sum().backward()
+
+    assert rel_err(out, my_rows(out64, sizes, rank)) <= TOL if sizes[rank] else out.shape == (0, N)
+    assert rel_err(xl.grad, my_rows(dx64, sizes, rank)) <= TOL if sizes[rank] else xl.grad.shape == (0, K)
+    for (name, p), q in zip(fused.named_parameters(), ref.parameters()):
+        total = p.grad.double() * world  # DDP averages; the reference gradient is the sum over ranks
+        if name == "gemm.bias":
+            assert_cancelled_bias_grad(total, q.grad, name)
+        else:
+            assert rel_err(total, q.grad) <= TOL, (name, rel_err(total, q.grad))
+    assert rel_err(fused.bn.running_mean, ref.bn.running_mean) <= 1e-6
+    assert rel_err(fused.bn.running_var, ref.bn.running_var) <= 1e-6
+    assert fused.bn.num_batches_tracked.item() == 1
+    for name in ("running_mean", "running_var"):
+        same_on_every_rank(getattr(fused.bn, name), name)
+    for name, p in fused.named_parameters():
+        same_on_every_rank(p.grad, f"{name}.grad")  # DDP's average
+
+
+def check_functional(sizes, rank, device):
+    """gemm_bn_softmax(..., process_group=WORLD): momentum=None, no affine, scalar float scale."""
+    x, g = global_batch(sizes, seed=2)
+    gen = torch.Generator().manual_seed(3)
+    w, b = torch.randn(N, K, generator=gen) / K ** 0.5, 0.1 * torch.randn(N, generator=gen)
+    want, _ = functional_ref64(x, w, b, scale=1.7)
+    rm, rv, nbt = torch.zeros(N, device=device), torch.ones(N, device=device), torch.zeros((), dtype=torch.long,
+                                                                                             device=device)
+    xl = my_rows(x, sizes, rank).to(device).requires_grad_()
+    out = gbs.gemm_bn_softmax(xl, w.to(device), b.to(device), None, None, rm, rv, 1.7, momentum=None,
+                              num_batches_tracked=nbt, process_group=dist.group.WORLD)
+    if sizes[rank]:
+        assert rel_err(out, my_rows(want, sizes, rank)) <= TOL
+    y = x.double() @ w.double().t() + b.double()
+    assert rel_err(rm, y.mean(0)) <= 1e-6 and rel_err(rv, y.var(0)) <= 1e-6  # momentum=None, first batch
+    assert nbt.item() == 1
+    same_on_every_rank(rv, "running_var")
+    (out * my_rows(g, sizes, rank).to(device)).sum().backward()
+    assert xl.grad.shape == xl.shape and not torch.isnan(xl.grad).any()
+
+    # eval: the running statistics, no exchange (a rank may call it alone)
+    out_eval = gbs.gemm_bn_softmax(xl.detach(), w.to(device), b.to(device), None, None, rm, rv, 1.7,
+                                   training=False, process_group=dist.group.WORLD)
+    local = gbs.gemm_bn_softmax(xl.detach(), w.to(device), b.to(device), None, None, rm, rv, 1.7, training=False)
+    assert torch.equal(out_eval, local)
+
+
+def check_conversions(sizes, rank, device):
+    """nn.SyncBatchNorm.convert_sync_batchnorm on the fused module, and convert() on a Linear ->
+    nn.SyncBatchNorm -> softmax model: both run the fused data-parallel block."""
+    x, _ = global_batch(sizes, seed=4)
+    ref_model = randomized(ReferenceModel(K, N))
+    fused = gbs.FusedGemmBNSoftmax(K, N)
+    fused.load_state_dict(ref_model.state_dict())
+    fused = nn.SyncBatchNorm.convert_sync_batchnorm(fused).to(device)
+    assert isinstance(fused.bn, nn.SyncBatchNorm)
+    want = copy.deepcopy(ref_model).double()(x.double())
+    out = fused(my_rows(x, sizes, rank).to(device))
+    if sizes[rank]:
+        assert rel_err(out, my_rows(want, sizes, rank)) <= TOL
+
+    seq = randomized(nn.Sequential(nn.Linear(K, N), nn.BatchNorm1d(N), nn.Softmax(dim=1)))
+    want = copy.deepcopy(seq).double()(x.double())
+    sync_seq = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(seq))
+    gbs.convert(sync_seq)
+    assert len(sync_seq.gemm_bn_softmax_report.replaced) == 1, str(sync_seq.gemm_bn_softmax_report)
+    sync_seq = sync_seq.to(device)
+    out = sync_seq(my_rows(x, sizes, rank).to(device))  # nn.SyncBatchNorm itself refuses CPU tensors
+    if sizes[rank]:
+        assert rel_err(out, my_rows(want, sizes, rank)) <= TOL
+    same_on_every_rank(sync_seq[1].running_var, "converted running_var")
+
+
+def check_against_sync_batchnorm(sizes, rank, device):
+    """The eager peer itself (GPU only: nn.SyncBatchNorm refuses CPU tensors): Linear ->
+    nn.SyncBatchNorm -> scale -> softmax under DDP. Ours is at least as close to float64."""
+    world = len(sizes)
+    ref_model = randomized(ReferenceModel(K, N))
+    x, g = global_batch(sizes, seed=5)
+    ref, out64, dx64 = reference_step(ref_model, x, g)
+    eager = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(ref_model)).to(device)
+    fused = nn.SyncBatchNorm.convert_sync_batchnorm(gbs.FusedGemmBNSoftmax(K, N)).to(device)
+    fused.load_state_dict(ref_model.state_dict())
+    results = {}
+    for name, model in (("eager", eager), ("fused", fused)):
+        ddp = DDP(model, device_ids=[device.index])
+        xl = my_rows(x, sizes, rank).to(device).requires_grad_()
+        out = ddp(xl)
+        (out * my_rows(g, sizes, rank).to(device)).sum().backward()
+        results[name] = (out, xl.grad, {n: p.grad * world for n, p in model.named_parameters()}, model)
+    pairs = [("out", lambda r: r[0], my_rows(out64, sizes, rank)), ("dx", lambda r: r[1], my_rows(dx64, sizes, rank))]
+    pairs += [(n, (lambda r, n=n: r[2][n]), q.grad) for n, q in ref.named_parameters() if n != "gemm.bias"]
+    for what, get, want in pairs:
+        e_err, f_err = rel_err(get(results["eager"]), want), rel_err(get(results["fused"]), want)
+        assert f_err <= max(2 * e_err, TOL), (what, f_err, e_err)
+    assert_cancelled_bias_grad(results["fused"][2]["gemm.bias"], results["eager"][2]["gemm.bias"])
+    for name in ("running_mean", "running_var"):
+        e, f = getattr(eager.bn, name), getattr(fused.bn, name)
+        assert rel_err(f, getattr(ref.bn, name)) <= max(2 * rel_err(e, getattr(ref.bn, name)), 1e-6), name
+        same_on_every_rank(f, name)
+
+
+def run(rank, sizes, port, backend, device_type):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.manual_seed(0)
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 in the comparisons
+    dist.init_process_group(backend, rank=rank, world_size=len(sizes))
+    try:
+        check_module_under_ddp(sizes, rank, device)
+        check_functional(sizes, rank, device)
+        check_conversions(sizes, rank, device)
+        if device.type == "cuda":
+            check_against_sync_batchnorm(sizes, rank, device)
+    finally:
+        dist.destroy_process_group()
