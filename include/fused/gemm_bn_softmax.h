@@ -149,10 +149,12 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
 //      rank_record_size(N) doubles, count = M) in `record`; reads x, weight, bias, writes y;
 //   2. the caller gathers every rank's record (one collective) in rank order;
 //   3. forward_from_y with bn.rank_moments = the gathered records: [2] and [3] on the y of step 1.
-// Both take workspace_bytes(p, path) bytes (forward_from_y: of GemmPath::kGeneric, or less).
-// forward_from_y without rank moments computes the statistics from y itself (the generic kernel).
+// gemm_column_moments takes workspace_bytes(p, path) bytes, forward_from_y
+// forward_from_y_workspace_bytes(p). forward_from_y without rank moments computes the batch
+// statistics from y itself (the generic partials kernel).
 Status gemm_column_moments(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path, double* record,
                            void* workspace, std::size_t workspace_size, cudaStream_t stream);
+std::size_t forward_from_y_workspace_bytes(const ForwardProblem& p);
 Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, void* workspace,
                       std::size_t workspace_size, cudaStream_t stream);
 

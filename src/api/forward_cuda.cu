@@ -226,6 +226,12 @@ Status gemm_column_moments(const ForwardProblem& p, const ForwardBuffers& b, Gem
   return column_moments(w.partials, p.M, p.N, record, stream);
 }
 
+std::size_t forward_from_y_workspace_bytes(const ForwardProblem& p) {
+  ForwardProblem no_gemm = p;
+  no_gemm.K = 0;
+  return workspace_bytes(no_gemm, GemmPath::kGeneric, /*include_cublaslt_workspace=*/false);
+}
+
 Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, void* workspace,
                       std::size_t workspace_size, cudaStream_t stream) {
   ForwardProblem no_gemm = p;
@@ -233,7 +239,7 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
   FUSED_RETURN_IF_ERROR(validate(no_gemm, b, bn));
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(carve(no_gemm, GemmPath::kGeneric, b.save_mean, workspace, workspace_size,
-                              workspace_bytes(no_gemm, GemmPath::kGeneric, false), w));
+                              forward_from_y_workspace_bytes(p), w));
   if (p.N == 0) return Status::Ok();
   if (bn.uses_batch_stats() && bn.rank_moments == nullptr && p.M > 0) {
     util::NvtxRange range("fused::column_partials");

@@ -162,7 +162,7 @@ FromMomentsOutputs bn_softmax_from_moments_cuda(const FromMomentsArgs& a) {
   b.out = out.data_ptr(); b.ldo = p.N;
   b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
   b.row_lse = row_lse.data_ptr<float>();
-  const std::size_t ws_bytes = cuda::workspace_bytes(p, cuda::GemmPath::kGeneric, false);
+  const std::size_t ws_bytes = cuda::forward_from_y_workspace_bytes(p);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, y.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(y.get_device()).stream();
   throw_on_error(cuda::forward_from_y(p, b, bn, workspace.data_ptr(), ws_bytes, stream),

@@ -207,5 +207,77 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{{129, 72, true, true, true}, kF32, kBF16, false}),      // autocast: fp32 out, bf16 dy
     gpu_case_name);
 
+// Data parallelism on one GPU: the rows split over "ranks" (one with no rows), each rank's
+// backward_column_sums written straight into its slot of the gathered table, then each rank's
+// backward with it. dy's rows and the per-rank parameter gradients summed over ranks equal the
+// whole batch's backward.
+TEST(BackwardGpuDataParallel, RankSplitMatchesTheWholeBatch) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const GpuCase gc{{300, 264, true, true, true}, kF32, kF32, false};
+  const BackwardData d(gc.c, 5);
+  const Result whole = run_gpu(d, gc);
+  const int64_t M = gc.c.M, N = gc.c.N, record = rank_record_size(N);
+  const std::vector<int64_t> rows = {117, 0, 183};
+  Device g(d.gf), y(d.yf), lse(d.lsef), mean(d.meanf), invstd(d.invstdf), gamma(d.gammaf), beta(d.betaf),
+      scale(d.scalef);
+  Device dy(M * N * 4), rank_sums(rows.size() * record * 8), row_dot(M * 4);
+  std::vector<Device> ggamma, gbeta, gbias, gscale;  // reserved: Device owns memory, it must not be copied
+  for (auto* v : {&ggamma, &gbeta, &gbias, &gscale}) v->reserve(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    ggamma.emplace_back(N * 4); gbeta.emplace_back(N * 4); gbias.emplace_back(N * 4); gscale.emplace_back(N * 4);
+  }
+  auto rank_buffers = [&](size_t r, int64_t r0) {
+    auto at = [](const Device& dev, int64_t bytes) { return static_cast<char*>(dev.ptr) + bytes; };
+    BackwardBuffers b;
+    b.grad_out = at(g, r0 * N * 4); b.ldg = N; b.y = at(y, r0 * N * 4); b.ldy = N;
+    b.save_mean = mean.ptr; b.save_invstd = invstd.ptr; b.row_lse = at(lse, r0 * 4);
+    b.gamma = gamma.ptr; b.beta = beta.ptr; b.grad_gamma = ggamma[r].ptr; b.grad_beta = gbeta[r].ptr;
+    b.scale = scale.ptr; b.scale_numel = N;
+    b.dy = at(dy, r0 * N * 4); b.lddy = N; b.dy_dtype = kF32;
+    b.grad_bias = gbias[r].ptr; b.grad_scale = gscale[r].ptr;
+    return b;
+  };
+  for (int step = 0; step < 2; ++step) {
+    int64_t r0 = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      BackwardProblem p = d.problem(kF32);
+      p.M = rows[r];
+      BackwardBuffers b = rank_buffers(r, r0);
+      const size_t ws_bytes = cuda::backward_workspace_bytes(p);
+      Device ws(ws_bytes);
+      auto* sums = static_cast<double*>(rank_sums.ptr) + r * record;
+      auto* dots = static_cast<float*>(row_dot.ptr) + r0;
+      Status s;
+      if (step == 0) {
+        s = cuda::backward_column_sums(p, b, sums, dots, ws.ptr, ws_bytes, nullptr);
+      } else {
+        b.local_sums = sums;
+        b.rank_sums = static_cast<const double*>(rank_sums.ptr);
+        b.num_ranks = static_cast<int64_t>(rows.size());
+        b.row_dot = dots;
+        s = cuda::backward(p, b, ws.ptr, ws_bytes, nullptr);
+      }
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      r0 += rows[r];
+    }
+  }
+  const auto dy_split = dy.get<float>();
+  EXPECT_LE(test::rel_norm(std::vector<double>(dy_split.begin(), dy_split.end()), whole.dy), 2e-6);
+  EXPECT_EQ(rank_sums.get<double>()[record], 0.0) << "the empty rank's count";
+  auto summed = [&](std::vector<Device>& per_rank) {
+    std::vector<double> total(N, 0.0);
+    for (const Device& dev : per_rank) {
+      const auto v = dev.get<float>();
+      for (int64_t n = 0; n < N; ++n) total[n] += v[n];
+    }
+    return total;
+  };
+  EXPECT_LE(test::rel_norm(summed(ggamma), whole.gamma), 2e-6);
+  EXPECT_LE(test::rel_norm(summed(gbeta), whole.beta), 2e-6);
+  EXPECT_LE(test::rel_norm(summed(gscale), whole.scale), 2e-6);
+  for (double v : summed(gbias)) ASSERT_EQ(v, 0.0);
+}
+
 }  // namespace
 }  // namespace fused

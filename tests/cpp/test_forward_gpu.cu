@@ -1,6 +1,7 @@
 // GPU group: the whole torch-free forward (fused::cuda::forward) on both paths, y included: the
 // generic path computes y itself (cuBLASLt with its bias epilogue). Fresh random data, every output
-// poisoned first, checked against float64 computed from the same (rounded) inputs. Skips without
+// poisoned first, checked against float64 computed from the same (rounded) inputs; and the
+// data-parallel steps (gemm_column_moments, forward_from_y) with one rank, bit for bit the same. Skips without
 // a CUDA device; sm90 cases skip without a Hopper GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -232,6 +233,39 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   EXPECT_LE(rel_norm(as_double(dinv.get<float>()), invstd64), tf32_gemm ? 2e-2 : 2e-5 * amplify) << "save_invstd";
   EXPECT_LE(rel_norm(as_double(drm.get<float>()), rm64), tf32_gemm ? 3e-3 : 2e-5) << "running_mean";
   EXPECT_LE(rel_norm(as_double(drv.get<float>()), rv64), tf32_gemm ? 2e-2 : 2e-5 * amplify) << "running_var";
+  if (!c.training) return;
+
+  // The data-parallel steps with one rank (gemm_column_moments, then forward_from_y with its record)
+  // are the same computation: the same bits in every output, fresh buffers poisoned first.
+  Device dy1(sizeof(float) * M * N), dout1(elt * M * N), dmean1(sizeof(float) * N), dinv1(sizeof(float) * N),
+      dlse1(sizeof(float) * M), drm1(rm), drv1(rv), record(sizeof(double) * rank_record_size(N));
+  ForwardBuffers buf1 = buf;
+  buf1.y = static_cast<float*>(dy1.ptr()); buf1.out = dout1.ptr();
+  buf1.save_mean = static_cast<float*>(dmean1.ptr()); buf1.save_invstd = static_cast<float*>(dinv1.ptr());
+  buf1.row_lse = static_cast<float*>(dlse1.ptr());
+  BatchNormArgs bn1 = bn;
+  bn1.running_mean = drm1.ptr(); bn1.running_var = drv1.ptr();
+  bn1.rank_moments = static_cast<const double*>(record.ptr()); bn1.num_ranks = 1;
+  Device workspace1(ws);
+  Status step = cuda::gemm_column_moments(p, buf1, path, static_cast<double*>(record.ptr()), workspace1.ptr(), ws,
+                                          nullptr);
+  ASSERT_TRUE(step.ok()) << step.message;
+  const std::size_t ws_from_y = cuda::forward_from_y_workspace_bytes(p);
+  Device workspace2(ws_from_y);
+  step = cuda::forward_from_y(p, buf1, bn1, workspace2.ptr(), ws_from_y, nullptr);
+  ASSERT_TRUE(step.ok()) << step.message;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(record.get<double>()[0], static_cast<double>(M)) << "the record's count";
+  auto same_bits = [](const Device& a, const Device& b, const char* what) {
+    EXPECT_EQ(a.get<uint8_t>(), b.get<uint8_t>()) << what;
+  };
+  same_bits(dy1, dy, "y");
+  same_bits(dout1, dout, "out");
+  same_bits(dmean1, dmean, "save_mean");
+  same_bits(dinv1, dinv, "save_invstd");
+  same_bits(dlse1, dlse, "row_lse");
+  same_bits(drm1, drm, "running_mean");
+  same_bits(drv1, drv, "running_var");
 }
 
 constexpr ElementType kF32 = ElementType::kFloat32, kBF16 = ElementType::kBFloat16, kF16 = ElementType::kFloat16;
