@@ -186,6 +186,24 @@ def check_against_sync_batchnorm(sizes, rank, device):
         same_on_every_rank(f, name)
 
 
+def check_compiled(sizes, rank, device):
+    """torch.compile(fullgraph=True) of the data-parallel module: the collectives trace into the
+    graph; output, dx, parameter gradients and running statistics equal eager's."""
+    ref_model = randomized(ReferenceModel(K, N))
+    x, g = global_batch(sizes, seed=6)
+    results = []
+    for compiled in (False, True):
+        model = gbs.FusedGemmBNSoftmax(K, N, process_group=dist.group.WORLD).to(device)
+        model.load_state_dict(ref_model.state_dict())
+        run_model = torch.compile(model, fullgraph=True) if compiled else model
+        xl = my_rows(x, sizes, rank).to(device).requires_grad_()
+        out = run_model(xl)
+        (out * my_rows(g, sizes, rank).to(device)).sum().backward()
+        results.append([out, xl.grad, *(p.grad for p in model.parameters()), model.bn.running_var])
+    for eager_t, compiled_t in zip(*results):
+        torch.testing.assert_close(compiled_t, eager_t, rtol=1e-6, atol=1e-7)
+
+
 def run(rank, sizes, port, backend, device_type):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.manual_seed(0)
@@ -198,6 +216,8 @@ def run(rank, sizes, port, backend, device_type):
         check_module_under_ddp(sizes, rank, device)
         check_functional(sizes, rank, device)
         check_conversions(sizes, rank, device)
+        if len(sizes) == 2:  # compiling costs seconds per process: one world size is enough
+            check_compiled(sizes, rank, device)
         if device.type == "cuda":
             check_against_sync_batchnorm(sizes, rank, device)
     finally:

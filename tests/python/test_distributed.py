@@ -165,9 +165,10 @@ def free_port():
 
 @pytest.mark.parametrize("sizes", [[6, 3], [1, 0, 7]], ids=["2-ranks", "3-ranks-one-empty"])
 def test_gloo_processes_match_the_full_batch_and_agree_bitwise(sizes):
-    """Real processes: FusedGemmBNSoftmax(sync_batchnorm=True) under DDP, the functional API with a
+    """Real processes: FusedGemmBNSoftmax(process_group=WORLD) under DDP, the functional API with a
     process group, nn.SyncBatchNorm.convert_sync_batchnorm and convert() on a Linear ->
-    nn.SyncBatchNorm -> softmax model, each against the float64 full-batch reference."""
+    nn.SyncBatchNorm -> softmax model, each against the float64 full-batch reference; with two
+    ranks also torch.compile(fullgraph=True) against eager."""
     port = free_port()
     mp.spawn(distributed_worker.run, args=(sizes, port, "gloo", "cpu"), nprocs=len(sizes), join=True)
 
