@@ -67,7 +67,9 @@ struct BackwardBuffers {
   // this rank (its column-sums record and row dots) and every rank's records gathered in rank order
   // (fused/batchnorm.h: [count, S1, S2]). When rank_sums is set the sums are not recomputed: dy's
   // coefficients use the global sums and count, the parameter gradients this rank's own (the data-
-  // parallel wrapper then averages them over ranks, as for any parameter).
+  // parallel wrapper then averages them over ranks, as for any parameter). Column parallelism
+  // passes its own record as the only rank (BatchNorm is per column) and the row dots of all
+  // columns, so that the softmax's backward spans every rank's columns.
   const double* local_sums = nullptr;  // rank_record_size(N) doubles
   const double* rank_sums = nullptr;   // num_ranks records
   int64_t num_ranks = 0;
@@ -82,7 +84,8 @@ namespace cpu {
 Status backward(const BackwardProblem& p, const BackwardBuffers& b, const ParallelFor& parallel_for = serial_for);
 // Data-parallel step 1: this rank's column-sums record (rank_record_size(N) doubles, count = M) and
 // row dots (M of stats_dtype), for the caller to exchange; then backward() with local_sums /
-// rank_sums / row_dot set.
+// rank_sums / row_dot set. With b.row_dot given (column parallelism: the row dots summed over every
+// rank's columns), the sums use it and row_dot (the output) may be null.
 Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_dot,
                             const ParallelFor& parallel_for = serial_for);
 }  // namespace cpu

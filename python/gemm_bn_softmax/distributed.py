@@ -17,6 +17,12 @@ backward  ``gemm_bn_softmax_backward_sums``: this rank's column sums [count, S1 
 
 Uneven batches and ranks with no rows behave as in nn.SyncBatchNorm. Evaluation mode (running
 statistics) and a group of one rank need no exchange and run the single-device op.
+
+Column parallelism (``column_parallel_gemm_bn_softmax``, ``ColumnParallelFusedGemmBNSoftmax``):
+W's rows (the out_features, e.g. a classifier over 100k+ classes) split over ranks, each rank
+computing its columns; BatchNorm is per column, so local; the softmax spans all columns: an
+all_gather of each row's log-normaliser in the forward and of the row dots in the backward, and
+an all_reduce of dx.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 from . import _library  # noqa: F401  (registers torch.ops.fused)
 
@@ -117,3 +124,149 @@ def sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, runn
         return _SyncGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var,
                                         num_batches_tracked, momentum, eps, precision, path, compute_dtype,
                                         out_dtype, process_group)
+
+
+# ---- column parallelism (W's rows split over ranks: Megatron's vocab-parallel layout) -----------------
+
+def _all_gather_sum(t: torch.Tensor, group) -> torch.Tensor:
+    """Sum over ranks, added in rank order: the same bits on every rank."""
+    return _all_gather(t.contiguous(), group).sum(0)
+
+
+class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
+    """Each rank holds out_features / world_size rows of W (and the matching bias, BatchNorm
+    vectors and per-column scale) and computes those columns of the output. BatchNorm is per
+    column, so each rank's statistics are its own; the softmax spans every rank's columns: each
+    row's log-normaliser is combined over ranks (one all_gather of M floats), and in the backward
+    the row dots r_i = sum_n g out (one more). dx sums every rank's share (all_reduce), as the
+    input of a column-parallel Linear does."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var, num_batches_tracked,
+                training, momentum, eps, precision, path, compute_dtype, out_dtype, group):
+        linear = compute_dtype or x.dtype
+        xc, wc = x.to(linear), weight.to(linear)
+        bc = bias.to(linear) if bias is not None else None
+        out, mean, invstd, y, row_lse = _ops.gemm_bn_softmax(
+            xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, training, momentum,
+            eps, precision, path, None, out_dtype or linear)
+        # The whole row's log-normaliser, and this rank's columns renormalised to it.
+        lse = torch.logsumexp(_all_gather(row_lse, group), dim=0)
+        out = (out.float() * torch.exp(row_lse - lse)[:, None]).to(out.dtype)
+        wants_w, wants_x = ctx.needs_input_grad[1], ctx.needs_input_grad[0]
+        ctx.save_for_backward(y, mean, invstd, lse, xc if wants_w else None, wc if wants_x else None, bn_weight,
+                              bn_bias, scale)
+        ctx.group = group
+        ctx.batch_stats = training or running_mean is None
+        ctx.precision = _resolved_precision(linear, precision)
+        ctx.linear_grad_dtype = weight.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        y, mean, invstd, lse, xc, wc, bn_weight, bn_bias, scale = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        args = (grad_out, y, mean, invstd, lse, bn_weight, bn_bias, scale)
+        _, local_dot = _ops.gemm_bn_softmax_backward_sums(*args)
+        row_dot = _all_gather_sum(local_dot, ctx.group)  # r_i over every rank's columns
+        sums, _ = _ops.gemm_bn_softmax_backward_sums(*args, row_dot)
+        needs = ctx.needs_input_grad
+        mask = [needs[0], needs[1], needs[2], bn_weight is not None and needs[3],
+                bn_bias is not None and needs[4], needs[5]]
+        grads = list(_ops.gemm_bn_softmax_backward(grad_out, y, mean, invstd, lse, xc, wc, bn_weight, bn_bias, scale,
+                                                   ctx.batch_stats, mask, ctx.precision, ctx.linear_grad_dtype,
+                                                   row_dot, sums, sums[None]))
+        if grads[0] is not None:  # x is every rank's input: its gradient sums every rank's columns
+            dist.all_reduce(grads[0], group=ctx.group)
+        if grads[5] is not None and scale.numel() == 1:  # a shared scalar scale: every rank's columns
+            grads[5] = _all_gather_sum(grads[5], ctx.group)
+        return (*grads, *([None] * 11))
+
+
+def column_parallel_gemm_bn_softmax(x, weight, bias=None, bn_weight=None, bn_bias=None, running_mean=None,
+                                    running_var=None, scale=1.0, training=True, momentum=0.1, eps=1e-5, *,
+                                    process_group, num_batches_tracked=None, precision=None, path=None,
+                                    compute_dtype=None, out_dtype=None) -> torch.Tensor:
+    """This rank's columns of softmax(scale * batch_norm(x @ W^T + b), dim=1) where W's rows (the
+    out_features) are split over the ranks of ``process_group``, in rank order: ``weight`` is this
+    rank's (N_r, K) block, ``bias``, the BatchNorm vectors and a per-column ``scale`` its N_r
+    entries; a scalar scale is shared by all ranks. ``x`` is the same on every rank. The result is
+    the unsharded block's output columns of this rank; gradients likewise (x's summed over ranks)."""
+    from .functional import _as_scale_tensor
+
+    scale_t = _as_scale_tensor(scale, x)
+    compute_dtype, out_dtype = _autocast_dtypes(x, scale_t, compute_dtype, out_dtype)
+    with torch.autocast(x.device.type, enabled=False):
+        return _ColumnParallelGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale_t, running_mean,
+                                                  running_var, num_batches_tracked, training, momentum, eps,
+                                                  precision, path, compute_dtype, out_dtype, process_group)
+
+
+def column_split(out_features: int, world_size: int, rank: int) -> slice:
+    """The columns of rank ``rank``: contiguous blocks in rank order, the first ``out_features %
+    world_size`` ranks one column more."""
+    base, extra = divmod(out_features, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
+class ColumnParallelFusedGemmBNSoftmax(nn.Module):
+    """Linear -> BatchNorm1d -> scale -> Softmax(dim=1) with out_features split over the ranks of
+    ``process_group`` (``column_split``): this rank holds its rows of W and its columns' bias,
+    BatchNorm parameters and statistics and (per-column) scale, and returns its columns of the
+    output. Build it directly, or from an unsharded block with ``from_full``."""
+
+    def __init__(self, in_features: int, out_features: int, process_group, bn_eps: float = 1e-5,
+                 bn_momentum: Optional[float] = 0.1, scale_shape=(1,), *, bias: bool = True, affine: bool = True,
+                 track_running_stats: bool = True, precision: Optional[str] = None, device=None, dtype=None):
+        super().__init__()
+        if tuple(scale_shape) not in ((1,), (out_features,)):
+            raise ValueError(f"scale_shape must be (1,) or (out_features,) = ({out_features},), got {scale_shape}")
+        self.process_group = process_group
+        self.in_features, self.out_features = in_features, out_features
+        self.columns = column_split(out_features, dist.get_world_size(process_group), dist.get_rank(process_group))
+        local = self.columns.stop - self.columns.start
+        factory = {"device": device, "dtype": dtype}
+        self.gemm = nn.Linear(in_features, local, bias=bias, **factory)
+        self.bn = nn.BatchNorm1d(local, eps=bn_eps, momentum=bn_momentum, affine=affine,
+                                 track_running_stats=track_running_stats, **factory)
+        self.scale = nn.Parameter(torch.ones(1 if tuple(scale_shape) == (1,) else local, **factory))
+        self.precision = precision
+
+    @classmethod
+    def from_full(cls, full: nn.Module, process_group, precision: Optional[str] = None):
+        """This rank's share of an unsharded block (a FusedGemmBNSoftmax or anything with the same
+        ``gemm`` / ``bn`` / ``scale`` members), copied."""
+        linear, bn, scale = full.gemm, full.bn, full.scale
+        self = cls(linear.in_features, linear.out_features, process_group, bn.eps, bn.momentum,
+                   tuple(scale.shape) if scale.numel() > 1 else (1,), bias=linear.bias is not None,
+                   affine=bn.affine, track_running_stats=bn.track_running_stats, precision=precision,
+                   device=linear.weight.device, dtype=linear.weight.dtype)
+        cols = self.columns
+        with torch.no_grad():
+            self.gemm.weight.copy_(linear.weight[cols])
+            if linear.bias is not None:
+                self.gemm.bias.copy_(linear.bias[cols])
+            if bn.affine:
+                self.bn.weight.copy_(bn.weight[cols])
+                self.bn.bias.copy_(bn.bias[cols])
+            if bn.track_running_stats:
+                self.bn.running_mean.copy_(bn.running_mean[cols])
+                self.bn.running_var.copy_(bn.running_var[cols])
+                self.bn.num_batches_tracked.copy_(bn.num_batches_tracked)
+            self.scale.copy_(scale if scale.numel() == 1 else scale.reshape(-1)[cols])
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bn, training = self.bn, self.training
+        track = bn.track_running_stats
+        return column_parallel_gemm_bn_softmax(
+            x, self.gemm.weight, self.gemm.bias, bn.weight, bn.bias,
+            bn.running_mean if (not training or track) else None,
+            bn.running_var if (not training or track) else None,
+            self.scale, training=training, momentum=bn.momentum, eps=bn.eps, process_group=self.process_group,
+            num_batches_tracked=bn.num_batches_tracked if (training and track) else None, precision=self.precision)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"columns=[{self.columns.start}, {self.columns.stop})")

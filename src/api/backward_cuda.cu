@@ -88,14 +88,27 @@ Status check_and_carve(const BackwardProblem& p, const BackwardBuffers& b, void*
   return Status::Ok();
 }
 
-// [B1] + [B2] (r into `r`), or only zeroes the finalize's counter when there are no rows.
-Status row_pass(const BackwardProblem& p, const BackwardBuffers& b, const WorkspaceRegions& w, float* r,
-                cudaStream_t stream) {
+// [B1] + [B2] (r into `r`), or only zeroes the finalize's counter when there are no rows. With
+// `given_r` (column parallelism: r over every rank's columns) [B1] is replaced by placing it as the
+// only non-zero strip, which [B2] then sums to exactly r (adding zeros changes no value).
+Status row_pass(const BackwardProblem& p, const BackwardBuffers& b, const WorkspaceRegions& w, const float* given_r,
+                float* r, cudaStream_t stream) {
   if (p.M == 0) {  // no row pass to zero the counter (and nothing to sum: every gradient is 0)
     return util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream), "CUDA backward: cudaMemsetAsync");
   }
   util::NvtxRange range("fused::backward_row_pass");
-  FUSED_RETURN_IF_ERROR(backward_steps::row_dot(p, b, w.r_part, w.counter, stream));
+  if (given_r != nullptr) {
+    const auto strips = static_cast<std::size_t>(util::ceil_div(p.N, backward_steps::row_strip_width(p.N)));
+    const std::size_t row_bytes = sizeof(float) * static_cast<std::size_t>(p.M);
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.r_part, 0, strips * row_bytes, stream),
+                                            "CUDA backward: cudaMemsetAsync"));
+    FUSED_RETURN_IF_ERROR(util::cuda_status(
+        cudaMemcpyAsync(w.r_part, given_r, row_bytes, cudaMemcpyDeviceToDevice, stream), "CUDA backward: cudaMemcpyAsync"));
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream),
+                                            "CUDA backward: cudaMemsetAsync"));
+  } else {
+    FUSED_RETURN_IF_ERROR(backward_steps::row_dot(p, b, w.r_part, w.counter, stream));
+  }
   return backward_steps::grad_partials(p, b, w.r_part, r, w.partials, stream);
 }
 
@@ -112,7 +125,7 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
     FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream),
                                             "CUDA backward: cudaMemsetAsync"));
   } else {
-    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, w.r, stream));
+    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, nullptr, w.r, stream));
   }
   {
     util::NvtxRange range("fused::backward_column_finalize");
@@ -126,11 +139,12 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
                             void* workspace, std::size_t workspace_size, cudaStream_t stream) {
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(check_and_carve(p, b, workspace, workspace_size, w));
-  if (sums == nullptr || (p.M > 0 && row_dot == nullptr))
-    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_dot are required"};
+  const auto* given_r = static_cast<const float*>(b.row_dot);
+  if (sums == nullptr || (p.M > 0 && row_dot == nullptr && given_r == nullptr))
+    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_dot (or a given b.row_dot) are required"};
   if (p.N > 0) {
-    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, row_dot, stream));
-  } else if (p.M > 0) {  // no columns: every r_i is 0
+    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, given_r, row_dot != nullptr ? row_dot : w.r, stream));
+  } else if (p.M > 0 && row_dot != nullptr) {  // no columns: every r_i is 0
     FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(row_dot, 0, sizeof(float) * p.M, stream),
                                             "backward_column_sums: cudaMemsetAsync"));
   }

@@ -81,21 +81,27 @@ class Rows {
 Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_dot,
                             const ParallelFor& parallel_for) {
   if (Status s = validate(p, b); !s.ok()) return s;
-  if (sums == nullptr || (p.M > 0 && row_dot == nullptr))
-    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_dot are required"};
+  const bool given = b.row_dot != nullptr;
+  if (sums == nullptr || (p.M > 0 && row_dot == nullptr && !given))
+    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_dot (or a given b.row_dot) are required"};
   const int64_t M = p.M, N = p.N;
   sums[0] = static_cast<double>(M);
   std::vector<double> r(static_cast<size_t>(M), 0.0), s1(static_cast<size_t>(N), 0.0), s2(static_cast<size_t>(N), 0.0);
+  if (given) {
+    for (int64_t i = 0; i < M; ++i) r[i] = half_bits::load_double(b.row_dot, p.stats_dtype, i);
+  }
   if (N > 0) {
     const Rows rows(p, b);
-    r = rows.row_dots(parallel_for);
+    if (!given) r = rows.row_dots(parallel_for);
     rows.column_sums(r, s1, s2, parallel_for);
   }
   for (int64_t n = 0; n < N; ++n) {
     sums[1 + n] = s1[n];
     sums[1 + N + n] = s2[n];
   }
-  for (int64_t i = 0; i < M; ++i) half_bits::store_double(row_dot, p.stats_dtype, i, r[i]);
+  if (row_dot != nullptr) {
+    for (int64_t i = 0; i < M; ++i) half_bits::store_double(row_dot, p.stats_dtype, i, r[i]);
+  }
   return Status::Ok();
 }
 

@@ -12,13 +12,13 @@ Grads gemm_bn_softmax_backward_cpu(const BackwardArgs& a);
 Outputs gemm_bn_softmax_cpu(const OpArgs& a);
 MomentsOutputs gemm_column_moments_cpu(const OpArgs& a);
 FromMomentsOutputs bn_softmax_from_moments_cpu(const FromMomentsArgs& a);
-SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a);
+SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a, const OptTensor& given_row_dot);
 #if defined(FUSED_TORCH_CUDA)
 Outputs gemm_bn_softmax_cuda(const OpArgs& a);
 Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a);
 MomentsOutputs gemm_column_moments_cuda(const OpArgs& a);
 FromMomentsOutputs bn_softmax_from_moments_cuda(const FromMomentsArgs& a);
-SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a);
+SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptTensor& given_row_dot);
 #endif
 
 namespace {
@@ -74,13 +74,14 @@ FromMomentsOutputs from_moments_entry(const at::Tensor& y, const at::Tensor& ran
                                      std::nullopt, compute_dtype, out_dtype}});
 }
 
-template <SumsOutputs (*Impl)(const BackwardArgs&)>
+template <SumsOutputs (*Impl)(const BackwardArgs&, const OptTensor&)>
 SumsOutputs sums_entry(const at::Tensor& grad_out, const at::Tensor& y, const at::Tensor& save_mean,
                        const at::Tensor& save_invstd, const at::Tensor& row_lse, const OptTensor& bn_weight,
-                       const OptTensor& bn_bias, const at::Tensor& scale) {
+                       const OptTensor& bn_bias, const at::Tensor& scale, const OptTensor& row_dot) {
   static const OptTensor none;
   return Impl(BackwardArgs{grad_out, y, save_mean, save_invstd, row_lse, none, none, bn_weight, bn_bias, scale,
-                           /*batch_stats=*/true, {}, std::nullopt, std::nullopt, none, none, none});
+                           /*batch_stats=*/true, {}, std::nullopt, std::nullopt, none, none, none},
+              row_dot);
 }
 
 MomentsOutputs gemm_column_moments_meta(const OpArgs& a) {
@@ -94,8 +95,9 @@ FromMomentsOutputs bn_softmax_from_moments_meta(const FromMomentsArgs& a) {
   return allocate_from_moments_outputs(a);
 }
 
-SumsOutputs gemm_bn_softmax_backward_sums_meta(const BackwardArgs& a) {
+SumsOutputs gemm_bn_softmax_backward_sums_meta(const BackwardArgs& a, const OptTensor& given_row_dot) {
   check_backward_args(a);
+  check_given_row_dot(a, given_row_dot);
   return allocate_sums_outputs(a);
 }
 
@@ -154,6 +156,8 @@ TORCH_LIBRARY(fused, m) {
   //   forward:  gemm_column_moments -> all_gather(moments) -> bn_softmax_from_moments
   //   backward: gemm_bn_softmax_backward_sums -> all_gather(sums) -> gemm_bn_softmax_backward(...,
   //             row_dot, local_sums=sums, rank_sums)
+  // Column parallelism (W's rows split over ranks) reuses them: the backward's row dots are summed
+  // over ranks and given back to gemm_bn_softmax_backward_sums (row_dot=) and the backward.
   // A rank's record is [count, mean or S1 (N), M2 or S2 (N)] in float64; rank_* stack them in rank order.
   m.def(
       "gemm_column_moments(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None, "
@@ -165,7 +169,8 @@ TORCH_LIBRARY(fused, m) {
       "-> (Tensor out, Tensor save_mean, Tensor save_invstd, Tensor row_lse)");
   m.def(
       "gemm_bn_softmax_backward_sums(Tensor grad_out, Tensor y, Tensor save_mean, Tensor save_invstd, "
-      "Tensor row_lse, Tensor? bn_weight, Tensor? bn_bias, Tensor scale) -> (Tensor sums, Tensor row_dot)");
+      "Tensor row_lse, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, Tensor? row_dot=None) "
+      "-> (Tensor sums, Tensor row_dot_out)");
   // Debug query: the path gemm_bn_softmax takes for these operands ("cpu", "sm90", "generic").
   m.def("dispatch_path(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None) -> str");
 }

@@ -322,13 +322,18 @@ void check_backward_args(const BackwardArgs& a) {
   TORCH_CHECK(data_parallel == defined(a.local_sums) && data_parallel == defined(a.row_dot),
               "row_dot, local_sums and rank_sums (data-parallel backward) must be given together");
   if (data_parallel) {
-    TORCH_CHECK(a.batch_stats, "rank_sums (data-parallel backward) need batch_stats=True");
     check_rank_records(*a.rank_sums, *a.local_sums, N, g.device(), "rank_sums", "local_sums");
-    TORCH_CHECK(a.row_dot->dim() == 1 && a.row_dot->sym_size(0) == g.sym_size(0) &&
-                    a.row_dot->scalar_type() == a.y.scalar_type() && a.row_dot->device() == g.device(),
-                "row_dot must be [batch] = [", g.sym_size(0), "] of y's dtype on grad_out's device, got ",
-                a.row_dot->sym_sizes(), " ", a.row_dot->scalar_type());
+    check_given_row_dot(a, a.row_dot);
   }
+}
+
+void check_given_row_dot(const BackwardArgs& a, const std::optional<at::Tensor>& row_dot) {
+  if (!defined(row_dot)) return;
+  const at::Tensor& g = a.grad_out;
+  TORCH_CHECK(row_dot->dim() == 1 && row_dot->sym_size(0) == g.sym_size(0) &&
+                  row_dot->scalar_type() == a.y.scalar_type() && row_dot->device() == g.device(),
+              "row_dot must be [batch] = [", g.sym_size(0), "] of y's dtype on grad_out's device, got ",
+              row_dot->sym_sizes(), " ", row_dot->scalar_type());
 }
 
 void check_rank_records(const at::Tensor& records, const std::optional<at::Tensor>& own, const c10::SymInt& N,

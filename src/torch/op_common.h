@@ -170,8 +170,11 @@ void check_rank_records(const at::Tensor& records, const std::optional<at::Tenso
                         const at::Device& device, const char* name, const char* own_name);
 // The backward's step 1, gemm_bn_softmax_backward_sums: this rank's sums record ([2N + 1] float64)
 // and row dots ([M], y's dtype). Reads the BackwardArgs of the backward without x and weight.
+// With a given row_dot ([M], y's dtype: column parallelism's row dots over every rank's columns),
+// the sums use it and row_dot_out is a copy of it.
 using SumsOutputs = std::tuple<at::Tensor, at::Tensor>;
 SumsOutputs allocate_sums_outputs(const BackwardArgs& a);
+void check_given_row_dot(const BackwardArgs& a, const std::optional<at::Tensor>& row_dot);
 
 // Test aid (GEMM_BN_SOFTMAX_POISON=1): NaN-fills freshly allocated outputs so that an element a
 // kernel forgets to write fails the tests.

@@ -100,11 +100,17 @@ FromMomentsOutputs bn_softmax_from_moments_cpu(const FromMomentsArgs& a) {
   return {out, save_mean, save_invstd, row_lse};
 }
 
-SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a) {
+SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a, const OptTensor& given_row_dot) {
   check_backward_args(a);
+  check_given_row_dot(a, given_row_dot);
   auto [sums, row_dot] = allocate_sums_outputs(a);
   Grads none;
-  const BackwardTensors t = prepare_backward(a, none);
+  BackwardTensors t = prepare_backward(a, none);
+  at::Tensor given;
+  if (given_row_dot.has_value() && given_row_dot->defined()) {
+    given = given_row_dot->contiguous();
+    t.buffers.row_dot = given.data_ptr();
+  }
   throw_on_error(cpu::backward_column_sums(t.problem, t.buffers, sums.data_ptr<double>(), row_dot.data_ptr(), parallel),
                  "gemm_bn_softmax_backward_sums");
   return {sums, row_dot};

@@ -171,12 +171,18 @@ FromMomentsOutputs bn_softmax_from_moments_cuda(const FromMomentsArgs& a) {
   return {out, save_mean, save_invstd, row_lse};
 }
 
-SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a) {
+SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptTensor& given_row_dot) {
   check_backward_args(a);
+  check_given_row_dot(a, given_row_dot);
   c10::cuda::CUDAGuard guard(a.grad_out.device());
   auto [sums, row_dot] = allocate_sums_outputs(a);
   Grads none;
-  const BackwardTensors t = prepare_backward(a, none);
+  BackwardTensors t = prepare_backward(a, none);
+  at::Tensor given;
+  if (given_row_dot.has_value() && given_row_dot->defined()) {
+    given = given_row_dot->contiguous();
+    t.buffers.row_dot = given.data_ptr();
+  }
   const std::size_t ws_bytes = cuda::backward_workspace_bytes(t.problem);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.grad_out.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.grad_out.get_device()).stream();

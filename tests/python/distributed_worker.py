@@ -23,9 +23,14 @@ TOL = 1e-5  # float32 against float64 (the accuracy contract)
 
 
 def randomized(model, seed=0):
+    """Every parameter and buffer drawn from `seed` alone: the same model on every rank."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) / m.in_features ** 0.5)
+                if m.bias is not None:
+                    m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 m.weight.copy_(0.5 + torch.rand(m.weight.shape, generator=g))
                 m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g))
@@ -204,6 +209,44 @@ def check_compiled(sizes, rank, device):
         torch.testing.assert_close(compiled_t, eager_t, rtol=1e-6, atol=1e-7)
 
 
+def check_column_parallel(rank, world, device):
+    """ColumnParallelFusedGemmBNSoftmax.from_full over the ranks: this rank's output columns, dx,
+    its shard's parameter gradients and running statistics equal the unsharded block's (float64
+    reference), in training and eval, with a shared scalar scale and a per-column one."""
+    from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax, column_split
+
+    cols = column_split(N, world, rank)
+    x, g = global_batch([9], seed=7)  # every rank: the same input
+    for scale_shape in ((1,), (N,)):
+        for training in (True, False):
+            full = randomized(ReferenceModel(K, N, scale_shape=scale_shape), seed=8)
+            ref = copy.deepcopy(full).double().train(training)
+            x64 = x.double().requires_grad_()
+            out64 = ref(x64)
+            (out64 * g.double()).sum().backward()
+
+            shard = ColumnParallelFusedGemmBNSoftmax.from_full(full, dist.group.WORLD).to(device).train(training)
+            xl = x.to(device).detach().clone().requires_grad_()
+            out = shard(xl)
+            (out * g[:, cols].to(device)).sum().backward()
+            what = f"scale {scale_shape}, {'training' if training else 'eval'}"
+            assert out.shape == (9, cols.stop - cols.start), what
+            assert rel_err(out, out64[:, cols]) <= TOL, (what, "out")
+            assert rel_err(xl.grad, x64.grad) <= TOL, (what, "dx")
+            same_on_every_rank(xl.grad, "dx")
+            pairs = [(shard.gemm.weight.grad, ref.gemm.weight.grad[cols], "weight"),
+                     (shard.bn.weight.grad, ref.bn.weight.grad[cols], "bn.weight"),
+                     (shard.bn.bias.grad, ref.bn.bias.grad[cols], "bn.bias"),
+                     (shard.scale.grad, ref.scale.grad if scale_shape == (1,) else ref.scale.grad[cols], "scale")]
+            if not training:
+                pairs.append((shard.gemm.bias.grad, ref.gemm.bias.grad[cols], "bias"))
+            else:
+                assert_cancelled_bias_grad(shard.gemm.bias.grad, ref.gemm.bias.grad[cols], what)
+            for got, want, name in pairs:
+                assert rel_err(got, want) <= TOL, (what, name, rel_err(got, want))
+            assert rel_err(shard.bn.running_var, ref.bn.running_var[cols]) <= 1e-6, what
+
+
 def run(rank, sizes, port, backend, device_type):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.manual_seed(0)
@@ -218,6 +261,7 @@ def run(rank, sizes, port, backend, device_type):
         check_conversions(sizes, rank, device)
         if len(sizes) == 2:  # compiling costs seconds per process: one world size is enough
             check_compiled(sizes, rank, device)
+        check_column_parallel(rank, len(sizes), device)
         if device.type == "cuda":
             check_against_sync_batchnorm(sizes, rank, device)
     finally:

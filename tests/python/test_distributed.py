@@ -135,8 +135,9 @@ def test_bad_records_are_refused(device):
     base = (g, y, mean, invstd, lse, x, t["weight"], t["bn_weight"], t["bn_bias"], t["scale"])
     with pytest.raises(RuntimeError, match="must be given together"):
         ops.gemm_bn_softmax_backward(*base, True, mask, None, None, None, None, sums[None])
-    with pytest.raises(RuntimeError, match="need batch_stats=True"):
-        ops.gemm_bn_softmax_backward(*base, False, mask, None, None, row_dot, sums, sums[None])
+    with pytest.raises(RuntimeError, match="row_dot must be"):  # a given row_dot (column parallelism)
+        ops.gemm_bn_softmax_backward_sums(g, y, mean, invstd, lse, t["bn_weight"], t["bn_bias"], t["scale"],
+                                          row_dot.double())
     with pytest.raises(RuntimeError, match="local_sums must be float64"):
         ops.gemm_bn_softmax_backward(*base, True, mask, None, None, row_dot, sums[:-1], sums[None])
     with pytest.raises(RuntimeError, match="row_dot must be"):
@@ -168,7 +169,8 @@ def test_gloo_processes_match_the_full_batch_and_agree_bitwise(sizes):
     """Real processes: FusedGemmBNSoftmax(process_group=WORLD) under DDP, the functional API with a
     process group, nn.SyncBatchNorm.convert_sync_batchnorm and convert() on a Linear ->
     nn.SyncBatchNorm -> softmax model, each against the float64 full-batch reference; with two
-    ranks also torch.compile(fullgraph=True) against eager."""
+    ranks also torch.compile(fullgraph=True) against eager. Then the column-parallel block (W's rows
+    split over the ranks) against the unsharded one in float64."""
     port = free_port()
     mp.spawn(distributed_worker.run, args=(sizes, port, "gloo", "cpu"), nprocs=len(sizes), join=True)
 
