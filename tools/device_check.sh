@@ -8,6 +8,8 @@
 #     sanitize: compute-sanitizer (memcheck/racecheck/synccheck/initcheck) over every kernel.
 #     bench:    build, then bench_forward.py with $BENCH_ARGS (default: everything, with a
 #               time budget of 7 minutes; continue with --resume <json>).
+#     distributed: (a machine with 2+ GPUs) build, the data-parallel gtests, test_distributed.py
+#               (NCCL included), then bench_distributed.py with $BENCH_ARGS (BENCH_ARGS=none skips it).
 # Nothing is downloaded: the nvidia-cutlass wheel and the googletest .debs come from .device_cache/
 # (filled by tools/prepare_device_cache.sh on a machine with internet access).
 set -uo pipefail
@@ -69,6 +71,27 @@ if [ "$MODE" = "sanitize" ]; then
     echo "$f: $(grep -E 'passed|failed|error' "$OUT/pytest.log" | tail -1)"
   done
   [ -f "$OUT/pytest.log" ] && grep -E "^E  |^FAILED" "$OUT/pytest.log" | head -20
+  echo "device_check status: $status"
+  exit $status
+fi
+
+if [ "$MODE" = "distributed" ]; then
+  step "data-parallel gtests"
+  for t in "test_forward_gpu:*" "test_backward_gpu:BackwardGpuDataParallel.*"; do
+    bin=${t%%:*}; filter=${t#*:}
+    "build-device/$bin" --gtest_brief=1 --gtest_filter="$filter" >>"$OUT/ctest.log" 2>&1 || status=1
+    echo "$bin ($filter): $(grep -E "PASSED|FAILED" "$OUT/ctest.log" | tail -1)"
+  done
+  step "pytest (distributed)"
+  PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider \
+    tests/python/test_distributed.py >"$OUT/pytest.log" 2>&1 || status=1
+  grep -E "passed|failed|^E  |^FAILED" "$OUT/pytest.log" | tail -20
+  if [ "${BENCH_ARGS:-}" != "none" ]; then
+    step "bench (distributed)"
+    PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_distributed.py ${BENCH_ARGS:-} --out "$OUT/bench.json" \
+      >"$OUT/bench.log" 2>&1 || status=1
+    tail -20 "$OUT/bench.log"
+  fi
   echo "device_check status: $status"
   exit $status
 fi

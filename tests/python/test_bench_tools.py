@@ -244,3 +244,19 @@ def test_train_step_and_its_float64_check_on_cpu():
     bench_forward.train_step(model, x, g.bfloat16(), autocast_dtype=torch.bfloat16)
     errors = bench_forward.grad_errors(bench_forward.grads_of(model, x), want_grads)
     assert 1e-4 < errors["weight"] < 5e-2 and x.grad.dtype == torch.float32
+
+
+def test_distributed_benchmark_smoke_run_on_cpu_processes(tmp_path):
+    """bench_distributed.py end to end on two gloo processes at a tiny size: every case and impl
+    recorded, with world_size (the timings themselves mean nothing here)."""
+    import bench_distributed
+
+    out = tmp_path / "d.json"
+    assert bench_distributed.main(["--device", "cpu", "--world", "2", "--size", "16x24x8", "--column-n", "40",
+                                   "--iters", "2", "--mode", "fp32", "--out", str(out)]) == 0
+    data = json.load(open(out))
+    got = {(r["case"], r["impl"]) for r in data["records"]}
+    assert got == {("sync-forward", "fused"), ("sync-forward", "fused-1gpu"), ("sync-train-step", "fused"),
+                   ("sync-train-step", "fused-1gpu"), ("column-forward", "fused"), ("column-forward", "fused-1gpu"),
+                   ("column-train-step", "fused"), ("column-train-step", "fused-1gpu")}
+    assert all(r["world_size"] == 2 and r["ms"] > 0 for r in data["records"])
