@@ -22,9 +22,7 @@ import datetime as dt
 import json
 import os
 import socket
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -35,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import gemm_bn_softmax as gbs  # noqa: E402
+from gemm_bn_softmax.__main__ import time_ms  # noqa: E402  (the CLI's timer: CUDA events, or the host clock)
 from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax  # noqa: E402
 from gemm_bn_softmax.reference import ReferenceModel  # noqa: E402
 
@@ -42,24 +41,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CASES = ("sync-forward", "sync-train-step", "column-forward", "column-train-step")
 
 
-def time_ms(fn, iters, device, warmup=5):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-    dist.barrier()
-    return statistics.median(times), min(times), max(times)
 
 
 def train_step(model, x, g):
@@ -80,11 +61,12 @@ def sync_models(k, n, dtype, device):
 
 
 def measure(case, impl, fn, a, device, m, n, k, world):
-    ms, lo, hi = time_ms(fn, a.iters, device)
+    ms, lo = time_ms(fn, device, a.iters, warmup=5)
+    dist.barrier()
     medians = [None] * world
     dist.all_gather_object(medians, ms)
     return {"case": case, "impl": impl, "world_size": world, "M": m, "N": n, "K": k, "mode": a.mode,
-            "ms": ms, "min": lo, "max": hi, "ms_slowest_rank": max(medians)}
+            "ms": ms, "min": lo, "ms_slowest_rank": max(medians)}
 
 
 def run(rank, a, port, out_path):

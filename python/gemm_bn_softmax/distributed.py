@@ -78,6 +78,26 @@ def _autocast_dtypes(x: torch.Tensor, scale: torch.Tensor, compute_dtype, out_dt
     return linear, out_dtype
 
 
+def _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
+                       group):
+    """What both Functions' backwards read: the op's saved outputs, x (compute dtype) only when the
+    weight needs a gradient, the weight only when x does, the BN parameters and scale."""
+    wants_w, wants_x = ctx.needs_input_grad[1], ctx.needs_input_grad[0]
+    ctx.save_for_backward(y, mean, invstd, row_lse, xc if wants_w else None, wc if wants_x else None, bn_weight,
+                          bn_bias, scale)
+    ctx.group = group
+    ctx.precision = _resolved_precision(linear, precision)
+    ctx.linear_grad_dtype = weight.dtype
+
+
+def _grad_mask(ctx, bn_weight, bn_bias):
+    """The backward op's output_mask, from the Functions' argument order x, weight, bias, bn_weight,
+    bn_bias, scale."""
+    needs = ctx.needs_input_grad
+    return [needs[0], needs[1], needs[2], bn_weight is not None and needs[3], bn_bias is not None and needs[4],
+            needs[5]]
+
+
 class _SyncGemmBnSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var, num_batches_tracked,
@@ -91,12 +111,8 @@ class _SyncGemmBnSoftmax(torch.autograd.Function):
         out, mean, invstd, row_lse = _ops.bn_softmax_from_moments(
             y, rank_moments, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, momentum,
             eps, linear, out_dtype or linear)
-        wants_w, wants_x = ctx.needs_input_grad[1], ctx.needs_input_grad[0]
-        ctx.save_for_backward(y, mean, invstd, row_lse, xc if wants_w else None, wc if wants_x else None, bn_weight,
-                              bn_bias, scale)
-        ctx.group = group
-        ctx.precision = _resolved_precision(linear, precision)
-        ctx.linear_grad_dtype = weight.dtype
+        _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
+                           group)
         return out
 
     @staticmethod
@@ -105,11 +121,8 @@ class _SyncGemmBnSoftmax(torch.autograd.Function):
         sums, row_dot = _ops.gemm_bn_softmax_backward_sums(grad_out, y, mean, invstd, row_lse, bn_weight, bn_bias,
                                                           scale)
         rank_sums = _all_gather(sums, ctx.group)
-        needs = ctx.needs_input_grad
-        mask = [needs[0], needs[1], needs[2], bn_weight is not None and needs[3],
-                bn_bias is not None and needs[4], needs[5]]
         grads = _ops.gemm_bn_softmax_backward(grad_out, y, mean, invstd, row_lse, xc, wc, bn_weight, bn_bias, scale,
-                                              True, mask, ctx.precision, ctx.linear_grad_dtype, row_dot, sums,
+                                              True, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision, ctx.linear_grad_dtype, row_dot, sums,
                                               rank_sums)
         return (*grads, *([None] * 10))
 
@@ -153,13 +166,9 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
         # The whole row's log-normaliser, and this rank's columns renormalised to it.
         lse = torch.logsumexp(_all_gather(row_lse, group), dim=0)
         out = (out.float() * torch.exp(row_lse - lse)[:, None]).to(out.dtype)
-        wants_w, wants_x = ctx.needs_input_grad[1], ctx.needs_input_grad[0]
-        ctx.save_for_backward(y, mean, invstd, lse, xc if wants_w else None, wc if wants_x else None, bn_weight,
-                              bn_bias, scale)
-        ctx.group = group
+        _save_for_backward(ctx, y, mean, invstd, lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
+                           group)
         ctx.batch_stats = training or running_mean is None
-        ctx.precision = _resolved_precision(linear, precision)
-        ctx.linear_grad_dtype = weight.dtype
         return out
 
     @staticmethod
@@ -170,11 +179,8 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
         _, local_dot = _ops.gemm_bn_softmax_backward_sums(*args)
         row_dot = _all_gather_sum(local_dot, ctx.group)  # r_i over every rank's columns
         sums, _ = _ops.gemm_bn_softmax_backward_sums(*args, row_dot)
-        needs = ctx.needs_input_grad
-        mask = [needs[0], needs[1], needs[2], bn_weight is not None and needs[3],
-                bn_bias is not None and needs[4], needs[5]]
         grads = list(_ops.gemm_bn_softmax_backward(grad_out, y, mean, invstd, lse, xc, wc, bn_weight, bn_bias, scale,
-                                                   ctx.batch_stats, mask, ctx.precision, ctx.linear_grad_dtype,
+                                                   ctx.batch_stats, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision, ctx.linear_grad_dtype,
                                                    row_dot, sums, sums[None]))
         if grads[0] is not None:  # x is every rank's input: its gradient sums every rank's columns
             dist.all_reduce(grads[0], group=ctx.group)

@@ -166,6 +166,44 @@ FromMomentsOutputs allocate_from_moments_outputs(const FromMomentsArgs& a) {
   return outs;
 }
 
+ForwardBuffers from_y_buffers(const at::Tensor& y, const at::Tensor& out, const at::Tensor& save_mean,
+                              const at::Tensor& save_invstd, const at::Tensor& row_lse) {
+  ForwardBuffers b;
+  b.y = y.data_ptr<float>(); b.ldy = y.size(1);
+  b.out = out.data_ptr(); b.ldo = out.size(1);
+  b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
+  b.row_lse = row_lse.data_ptr<float>();
+  return b;
+}
+
+FromMomentsCall prepare_from_moments(const FromMomentsArgs& a) {
+  check_from_moments_args(a);
+  FromMomentsCall c{allocate_from_moments_outputs(a), a.y.contiguous(), a.rank_moments.contiguous(),
+                    prepare_batchnorm(a.bn)};
+  c.bn = c.bn_tensors.args(a.bn);
+  c.bn.rank_moments = c.records.data_ptr<double>();
+  c.bn.num_ranks = c.records.size(0);
+  ForwardProblem& p = c.problem;
+  p.M = c.y.size(0); p.N = c.y.size(1);
+  p.dtype = element_type(a.bn.linear_dtype());
+  p.out_dtype = element_type(a.bn.out_scalar_type());
+  const auto& [out, save_mean, save_invstd, row_lse] = c.outs;
+  c.buffers = from_y_buffers(c.y, out, save_mean, save_invstd, row_lse);
+  return c;
+}
+
+SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& given_row_dot) {
+  check_backward_args(a);
+  check_given_row_dot(a, given_row_dot);
+  Grads none;
+  SumsCall c{allocate_sums_outputs(a), prepare_backward(a, none)};
+  if (defined(given_row_dot)) {
+    c.given_row_dot = given_row_dot->contiguous();
+    c.tensors.buffers.row_dot = c.given_row_dot.data_ptr();
+  }
+  return c;
+}
+
 SumsOutputs allocate_sums_outputs(const BackwardArgs& a) {
   const c10::SymInt M = a.grad_out.sym_size(0), N = a.grad_out.sym_size(1);
   SumsOutputs outs{at::empty_symint({2 * N + 1}, a.grad_out.options().dtype(at::kDouble)),

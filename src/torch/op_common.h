@@ -62,6 +62,11 @@ void check_bn_args(const OpArgs& a);
 // library's validation).
 void check_batch_size(const OpArgs& a);
 
+// The library's view of a forward whose y is already computed (row-major, dense): y, out and the
+// saved statistics; the Linear operands are not read.
+ForwardBuffers from_y_buffers(const at::Tensor& y, const at::Tensor& out, const at::Tensor& save_mean,
+                              const at::Tensor& save_invstd, const at::Tensor& row_lse);
+
 // Allocates (M, N) out in out_scalar_type(), (N) save_mean / save_invstd, (M, N) fp32 y and (M) fp32
 // row_lse on x's device.
 Outputs allocate_outputs(const OpArgs& a);
@@ -165,6 +170,16 @@ struct FromMomentsArgs {
 using FromMomentsOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // out, mean, invstd, row_lse
 void check_from_moments_args(const FromMomentsArgs& a);
 FromMomentsOutputs allocate_from_moments_outputs(const FromMomentsArgs& a);
+// What both kernels of bn_softmax_from_moments hand the library (after checking and allocating).
+struct FromMomentsCall {
+  FromMomentsOutputs outs;
+  at::Tensor y, records;  // contiguous
+  BatchNormTensors bn_tensors;
+  BatchNormArgs bn;  // with the rank moments
+  ForwardProblem problem;  // K = 0: the GEMM is done
+  ForwardBuffers buffers;  // y, out, save_mean, save_invstd, row_lse
+};
+FromMomentsCall prepare_from_moments(const FromMomentsArgs& a);
 // A (world_size, 2N + 1) float64 table of rank records (and one rank's own, if given) on `device`.
 void check_rank_records(const at::Tensor& records, const std::optional<at::Tensor>& own, const c10::SymInt& N,
                         const at::Device& device, const char* name, const char* own_name);
@@ -175,6 +190,13 @@ void check_rank_records(const at::Tensor& records, const std::optional<at::Tenso
 using SumsOutputs = std::tuple<at::Tensor, at::Tensor>;
 SumsOutputs allocate_sums_outputs(const BackwardArgs& a);
 void check_given_row_dot(const BackwardArgs& a, const std::optional<at::Tensor>& row_dot);
+// What both kernels of gemm_bn_softmax_backward_sums hand the library (after checking and allocating).
+struct SumsCall {
+  SumsOutputs outs;
+  BackwardTensors tensors;  // buffers.row_dot set to the given row dots, if any
+  at::Tensor given_row_dot;
+};
+SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& given_row_dot);
 
 // Test aid (GEMM_BN_SOFTMAX_POISON=1): NaN-fills freshly allocated outputs so that an element a
 // kernel forgets to write fails the tests.

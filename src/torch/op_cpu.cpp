@@ -47,16 +47,6 @@ ForwardProblem problem_of(int64_t M, int64_t N, const OpArgs& a) {
   return p;
 }
 
-ForwardBuffers from_y_buffers(at::Tensor& y, at::Tensor& out, at::Tensor& save_mean, at::Tensor& save_invstd,
-                              at::Tensor& row_lse) {
-  ForwardBuffers b;
-  b.y = y.data_ptr<float>(); b.ldy = y.size(1);
-  b.out = out.data_ptr(); b.ldo = out.size(1);
-  b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
-  b.row_lse = row_lse.data_ptr<float>();
-  return b;
-}
-
 }  // namespace
 
 Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
@@ -85,35 +75,19 @@ MomentsOutputs gemm_column_moments_cpu(const OpArgs& a) {
 }
 
 FromMomentsOutputs bn_softmax_from_moments_cpu(const FromMomentsArgs& a) {
-  check_from_moments_args(a);
-  auto [out, save_mean, save_invstd, row_lse] = allocate_from_moments_outputs(a);
-  at::Tensor y = a.y.contiguous();
-  const at::Tensor records = a.rank_moments.contiguous();
-  const BatchNormTensors bnt = prepare_batchnorm(a.bn);
-  BatchNormArgs bn = bnt.args(a.bn);
-  bn.rank_moments = records.data_ptr<double>();
-  bn.num_ranks = records.size(0);
-  const ForwardBuffers b = from_y_buffers(y, out, save_mean, save_invstd, row_lse);
-  throw_on_error(cpu::forward_from_y(problem_of(y.size(0), y.size(1), a.bn), b, bn, parallel),
-                 "bn_softmax_from_moments");
-  bnt.commit(a.bn);
-  return {out, save_mean, save_invstd, row_lse};
+  FromMomentsCall c = prepare_from_moments(a);
+  throw_on_error(cpu::forward_from_y(c.problem, c.buffers, c.bn, parallel), "bn_softmax_from_moments");
+  c.bn_tensors.commit(a.bn);
+  return c.outs;
 }
 
 SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a, const OptTensor& given_row_dot) {
-  check_backward_args(a);
-  check_given_row_dot(a, given_row_dot);
-  auto [sums, row_dot] = allocate_sums_outputs(a);
-  Grads none;
-  BackwardTensors t = prepare_backward(a, none);
-  at::Tensor given;
-  if (given_row_dot.has_value() && given_row_dot->defined()) {
-    given = given_row_dot->contiguous();
-    t.buffers.row_dot = given.data_ptr();
-  }
-  throw_on_error(cpu::backward_column_sums(t.problem, t.buffers, sums.data_ptr<double>(), row_dot.data_ptr(), parallel),
+  SumsCall c = prepare_sums(a, given_row_dot);
+  auto& [sums, row_dot] = c.outs;
+  throw_on_error(cpu::backward_column_sums(c.tensors.problem, c.tensors.buffers, sums.data_ptr<double>(),
+                                           row_dot.data_ptr(), parallel),
                  "gemm_bn_softmax_backward_sums");
-  return {sums, row_dot};
+  return c.outs;
 }
 
 Grads gemm_bn_softmax_backward_cpu(const BackwardArgs& a) {

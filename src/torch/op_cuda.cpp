@@ -38,17 +38,27 @@ ForwardProblem problem(const OpArgs& a) {
   return p;
 }
 
-ForwardBuffers buffers(const LinearOperands& o, const Outputs& outs) {
-  const auto& [out, save_mean, save_invstd, y, row_lse] = outs;
-  ForwardBuffers b;
+// The GEMM's operands in `b` (x, weight, bias, y).
+void set_linear_buffers(const LinearOperands& o, const at::Tensor& y, ForwardBuffers& b) {
   b.x = o.x.data_ptr(); b.ldx = std::max<int64_t>(o.x.stride(0), o.x.size(1));
   b.weight = o.weight.data_ptr(); b.ldw = std::max<int64_t>(o.weight.stride(0), o.weight.size(1));
   b.bias = o.bias.defined() ? o.bias.data_ptr() : nullptr;
   b.y = y.data_ptr<float>(); b.ldy = y.size(1);
-  b.out = out.data_ptr(); b.ldo = out.size(1);
-  b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
-  b.row_lse = row_lse.data_ptr<float>();
+}
+
+ForwardBuffers buffers(const LinearOperands& o, const Outputs& outs) {
+  const auto& [out, save_mean, save_invstd, y, row_lse] = outs;
+  ForwardBuffers b = from_y_buffers(y, out, save_mean, save_invstd, row_lse);
+  set_linear_buffers(o, y, b);
   return b;
+}
+
+// cuBLASLt runs in PyTorch's own per-stream workspace (what torch's matmuls use; CUDA-graph aware),
+// instead of a fresh one of up to 32 MiB in every call.
+void use_torch_cublaslt_workspace(cuda::GemmPath path, ForwardBuffers& b) {
+  if (path != cuda::GemmPath::kGeneric) return;
+  b.cublaslt_workspace = at::cuda::getCUDABlasLtWorkspace();
+  b.cublaslt_workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
 }
 
 // The operands' pointers and row strides as the kernels will read them, without converting or
@@ -101,12 +111,7 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   const cuda::GemmPath path = choose(a, b);
   const BatchNormTensors bnt = prepare_batchnorm(a);
   const ForwardProblem p = problem(a);
-  if (path == cuda::GemmPath::kGeneric) {
-    // cuBLASLt runs in PyTorch's own per-stream workspace (what torch's matmuls use; CUDA-graph
-    // aware), instead of a fresh one of up to 32 MiB in every call.
-    b.cublaslt_workspace = at::cuda::getCUDABlasLtWorkspace();
-    b.cublaslt_workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
-  }
+  use_torch_cublaslt_workspace(path, b);
   const std::size_t ws_bytes = cuda::workspace_bytes(p, path, b.cublaslt_workspace == nullptr);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.x.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.x.get_device()).stream();
@@ -124,15 +129,9 @@ MomentsOutputs gemm_column_moments_cuda(const OpArgs& a) {
   poison({y, record});
   const LinearOperands o = operands(a);
   ForwardBuffers b;
-  b.x = o.x.data_ptr(); b.ldx = std::max<int64_t>(o.x.stride(0), o.x.size(1));
-  b.weight = o.weight.data_ptr(); b.ldw = std::max<int64_t>(o.weight.stride(0), o.weight.size(1));
-  b.bias = o.bias.defined() ? o.bias.data_ptr() : nullptr;
-  b.y = y.data_ptr<float>(); b.ldy = y.size(1);
+  set_linear_buffers(o, y, b);
   const cuda::GemmPath path = choose(a, b);
-  if (path == cuda::GemmPath::kGeneric) {
-    b.cublaslt_workspace = at::cuda::getCUDABlasLtWorkspace();
-    b.cublaslt_workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
-  }
+  use_torch_cublaslt_workspace(path, b);
   const ForwardProblem p = problem(a);
   const std::size_t ws_bytes = cuda::workspace_bytes(p, path, b.cublaslt_workspace == nullptr);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.x.options().dtype(at::kByte));
@@ -144,52 +143,29 @@ MomentsOutputs gemm_column_moments_cuda(const OpArgs& a) {
 }
 
 FromMomentsOutputs bn_softmax_from_moments_cuda(const FromMomentsArgs& a) {
-  check_from_moments_args(a);
   c10::cuda::CUDAGuard guard(a.y.device());
-  auto [out, save_mean, save_invstd, row_lse] = allocate_from_moments_outputs(a);
-  const at::Tensor y = a.y.contiguous();
-  const at::Tensor records = a.rank_moments.contiguous();
-  const BatchNormTensors bnt = prepare_batchnorm(a.bn);
-  BatchNormArgs bn = bnt.args(a.bn);
-  bn.rank_moments = records.data_ptr<double>();
-  bn.num_ranks = records.size(0);
-  ForwardProblem p;
-  p.M = y.size(0); p.N = y.size(1);  // K = 0: the GEMM is done
-  p.dtype = element_type(a.bn.linear_dtype());
-  p.out_dtype = element_type(a.bn.out_scalar_type());
-  ForwardBuffers b;
-  b.y = y.data_ptr<float>(); b.ldy = p.N;
-  b.out = out.data_ptr(); b.ldo = p.N;
-  b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
-  b.row_lse = row_lse.data_ptr<float>();
-  const std::size_t ws_bytes = cuda::forward_from_y_workspace_bytes(p);
-  at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, y.options().dtype(at::kByte));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(y.get_device()).stream();
-  throw_on_error(cuda::forward_from_y(p, b, bn, workspace.data_ptr(), ws_bytes, stream),
+  FromMomentsCall c = prepare_from_moments(a);
+  const std::size_t ws_bytes = cuda::forward_from_y_workspace_bytes(c.problem);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.y.options().dtype(at::kByte));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.y.get_device()).stream();
+  throw_on_error(cuda::forward_from_y(c.problem, c.buffers, c.bn, workspace.data_ptr(), ws_bytes, stream),
                  "bn_softmax_from_moments (CUDA)");
-  bnt.commit(a.bn);
-  return {out, save_mean, save_invstd, row_lse};
+  c.bn_tensors.commit(a.bn);
+  return c.outs;
 }
 
 SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptTensor& given_row_dot) {
-  check_backward_args(a);
-  check_given_row_dot(a, given_row_dot);
   c10::cuda::CUDAGuard guard(a.grad_out.device());
-  auto [sums, row_dot] = allocate_sums_outputs(a);
-  Grads none;
-  BackwardTensors t = prepare_backward(a, none);
-  at::Tensor given;
-  if (given_row_dot.has_value() && given_row_dot->defined()) {
-    given = given_row_dot->contiguous();
-    t.buffers.row_dot = given.data_ptr();
-  }
-  const std::size_t ws_bytes = cuda::backward_workspace_bytes(t.problem);
+  SumsCall c = prepare_sums(a, given_row_dot);
+  auto& [sums, row_dot] = c.outs;
+  const std::size_t ws_bytes = cuda::backward_workspace_bytes(c.tensors.problem);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.grad_out.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.grad_out.get_device()).stream();
-  throw_on_error(cuda::backward_column_sums(t.problem, t.buffers, sums.data_ptr<double>(), static_cast<float*>(row_dot.data_ptr()),
-                                            workspace.data_ptr(), ws_bytes, stream),
+  throw_on_error(cuda::backward_column_sums(c.tensors.problem, c.tensors.buffers, sums.data_ptr<double>(),
+                                            static_cast<float*>(row_dot.data_ptr()), workspace.data_ptr(), ws_bytes,
+                                            stream),
                  "gemm_bn_softmax_backward_sums (CUDA)");
-  return {sums, row_dot};
+  return c.outs;
 }
 
 Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
