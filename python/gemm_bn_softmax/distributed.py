@@ -134,9 +134,13 @@ def sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, runn
     docstring); the functional API's ``gemm_bn_softmax(..., process_group=)`` calls this."""
     compute_dtype, out_dtype = _autocast_dtypes(x, scale, compute_dtype, out_dtype)
     with torch.autocast(x.device.type, enabled=False):
-        return _SyncGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var,
-                                        num_batches_tracked, momentum, eps, precision, path, compute_dtype,
-                                        out_dtype, process_group)
+        out = _SyncGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var,
+                                       num_batches_tracked, momentum, eps, precision, path, compute_dtype,
+                                       out_dtype, process_group)
+    # The buffers were written in place: their version counters move, as for any in-place op.
+    torch.autograd.graph.increment_version([t for t in (running_mean, running_var, num_batches_tracked)
+                                            if t is not None])
+    return out
 
 
 # ---- column parallelism (W's rows split over ranks: Megatron's vocab-parallel layout) -----------------

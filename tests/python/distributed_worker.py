@@ -118,8 +118,10 @@ def check_functional(sizes, rank, device):
     rm, rv, nbt = torch.zeros(N, device=device), torch.ones(N, device=device), torch.zeros((), dtype=torch.long,
                                                                                              device=device)
     xl = my_rows(x, sizes, rank).to(device).requires_grad_()
+    versions = rm._version, rv._version
     out = gbs.gemm_bn_softmax(xl, w.to(device), b.to(device), None, None, rm, rv, 1.7, momentum=None,
                               num_batches_tracked=nbt, process_group=dist.group.WORLD)
+    assert rm._version > versions[0] and rv._version > versions[1]  # written in place, as autograd is told
     if sizes[rank]:
         assert rel_err(out, my_rows(want, sizes, rank)) <= TOL
     y = x.double() @ w.double().t() + b.double()
