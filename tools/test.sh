@@ -78,4 +78,6 @@ fi
 [ "$rc" -eq 0 ] || exit "$rc"
 echo "$ME: examples/python/train_classifier_head.py"
 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" examples/python/train_classifier_head.py
+echo "$ME: examples/python/data_parallel_training.py"
+PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" examples/python/data_parallel_training.py
 echo "$ME: all tests passed in $(( $(date +%s) - start )) s"
