@@ -131,6 +131,17 @@ def check_functional(sizes, rank, device):
     (out * my_rows(g, sizes, rank).to(device)).sum().backward()
     assert xl.grad.shape == xl.shape and not torch.isnan(xl.grad).any()
 
+    # autocast: the dtypes the single-device op gives there (the Linear in bf16), the same values
+    # as the whole batch on one device up to bf16 rounding
+    kind = device.type
+    with torch.autocast(kind, dtype=torch.bfloat16):
+        out_ac = gbs.gemm_bn_softmax(xl.detach(), w.to(device), b.to(device), None, None, None, None, 1.7,
+                                     process_group=dist.group.WORLD)
+        whole = gbs.gemm_bn_softmax(x.to(device), w.to(device), b.to(device), None, None, None, None, 1.7)
+    assert out_ac.dtype == whole.dtype, (out_ac.dtype, whole.dtype)
+    if sizes[rank]:
+        assert rel_err(out_ac, my_rows(whole, sizes, rank)) <= 1e-2
+
     # eval: the running statistics, no exchange (a rank may call it alone)
     out_eval = gbs.gemm_bn_softmax(xl.detach(), w.to(device), b.to(device), None, None, rm, rv, 1.7,
                                    training=False, process_group=dist.group.WORLD)
@@ -194,8 +205,9 @@ def check_against_sync_batchnorm(sizes, rank, device):
 
 
 def check_compiled(sizes, rank, device):
-    """torch.compile(fullgraph=True) of the data-parallel module: the collectives trace into the
-    graph; output, dx, parameter gradients and running statistics equal eager's."""
+    """torch.compile(fullgraph=True) of the data-parallel module and of the column-parallel one: the
+    collectives trace into the graph; output, dx, parameter gradients and running statistics equal
+    eager's."""
     ref_model = randomized(ReferenceModel(K, N))
     x, g = global_batch(sizes, seed=6)
     results = []
@@ -207,6 +219,20 @@ def check_compiled(sizes, rank, device):
         out = run_model(xl)
         (out * my_rows(g, sizes, rank).to(device)).sum().backward()
         results.append([out, xl.grad, *(p.grad for p in model.parameters()), model.bn.running_var])
+    for eager_t, compiled_t in zip(*results):
+        torch.testing.assert_close(compiled_t, eager_t, rtol=1e-6, atol=1e-7)
+
+    from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax, column_split
+
+    cols = column_split(N, len(sizes), rank)
+    results = []
+    for compiled in (False, True):
+        shard = ColumnParallelFusedGemmBNSoftmax.from_full(ref_model, dist.group.WORLD).to(device)
+        run_model = torch.compile(shard, fullgraph=True) if compiled else shard
+        xl = x.to(device).detach().clone().requires_grad_()
+        out = run_model(xl)
+        (out * g[:, cols].to(device)).sum().backward()
+        results.append([out, xl.grad, *(p.grad for p in shard.parameters()), shard.bn.running_var])
     for eager_t, compiled_t in zip(*results):
         torch.testing.assert_close(compiled_t, eager_t, rtol=1e-6, atol=1e-7)
 
