@@ -126,5 +126,65 @@ TEST(BackwardCpu, RejectsBadArguments) {
   EXPECT_EQ(cpu::backward(p, b).code, StatusCode::kInvalidArgument);
 }
 
+// The data-parallel steps, torch-free: the rows split over ranks (one empty), each rank's
+// backward_column_sums gathered by hand in rank order, then each rank's backward with them. In
+// float64, dy's rows and the per-rank parameter gradients summed over ranks equal the whole
+// batch's backward to rounding.
+TEST(BackwardCpu, DataParallelStepsMatchTheWholeBatch) {
+  const BackwardData d({41, 13, true, true, true}, 3);
+  const BackwardCase& c = d.c;
+  auto buffers = [&](int64_t r0, std::vector<double>& dy, std::vector<double>& ggamma, std::vector<double>& gbeta,
+                     std::vector<double>& gbias, std::vector<double>& gscale) {
+    BackwardBuffers b;
+    b.grad_out = d.g.data() + r0 * c.N; b.ldg = c.N;
+    b.y = d.y.data() + r0 * c.N; b.ldy = c.N;
+    b.save_mean = d.mean.data(); b.save_invstd = d.invstd.data(); b.row_lse = d.lse.data() + r0;
+    b.gamma = d.gamma.data(); b.beta = d.beta.data(); b.grad_gamma = ggamma.data(); b.grad_beta = gbeta.data();
+    b.param_dtype = b.scale_dtype = b.dy_dtype = b.bias_dtype = ElementType::kFloat64;
+    b.scale = d.scale.data(); b.scale_numel = static_cast<int64_t>(d.scale.size());
+    b.dy = dy.data() + r0 * c.N; b.lddy = c.N;
+    b.grad_bias = gbias.data(); b.grad_scale = gscale.data();
+    return b;
+  };
+  const size_t n = static_cast<size_t>(c.N);
+  std::vector<double> dy(c.M * c.N, NAN), ggamma(n, NAN), gbeta(n, NAN), gbias(n, NAN), gscale(n, NAN);
+  ASSERT_TRUE(cpu::backward(d.problem(ElementType::kFloat64), buffers(0, dy, ggamma, gbeta, gbias, gscale)).ok());
+
+  const std::vector<int64_t> rows = {17, 0, 24};
+  const size_t record = static_cast<size_t>(rank_record_size(c.N));
+  std::vector<double> rank_sums(rows.size() * record, NAN), row_dot(c.M, NAN), dy_split(c.M * c.N, NAN);
+  std::vector<std::vector<double>> rg(rows.size(), std::vector<double>(n, NAN)), rb = rg, rbias = rg, rs = rg;
+  for (int step = 0; step < 2; ++step) {
+    int64_t r0 = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      BackwardProblem p = d.problem(ElementType::kFloat64);
+      p.M = rows[r];
+      BackwardBuffers b = buffers(r0, dy_split, rg[r], rb[r], rbias[r], rs[r]);
+      if (step == 0) {
+        ASSERT_TRUE(cpu::backward_column_sums(p, b, rank_sums.data() + r * record, row_dot.data() + r0).ok());
+        EXPECT_EQ(rank_sums[r * record], static_cast<double>(rows[r])) << "count";
+      } else {
+        b.local_sums = rank_sums.data() + r * record;
+        b.rank_sums = rank_sums.data();
+        b.num_ranks = static_cast<int64_t>(rows.size());
+        b.row_dot = row_dot.data() + r0;
+        ASSERT_TRUE(cpu::backward(p, b).ok());
+      }
+      r0 += rows[r];
+    }
+  }
+  EXPECT_LE(test::rel_norm(dy_split, dy), 1e-13);
+  auto summed = [&](const std::vector<std::vector<double>>& per_rank) {
+    std::vector<double> total(n, 0.0);
+    for (const auto& v : per_rank)
+      for (size_t j = 0; j < n; ++j) total[j] += v[j];
+    return total;
+  };
+  EXPECT_LE(test::rel_norm(summed(rg), ggamma), 1e-13);
+  EXPECT_LE(test::rel_norm(summed(rb), gbeta), 1e-13);
+  EXPECT_LE(test::rel_norm(summed(rs), gscale), 1e-13);
+  for (double v : summed(rbias)) EXPECT_EQ(v, 0.0);
+}
+
 }  // namespace
 }  // namespace fused
