@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import socket
@@ -77,8 +78,19 @@ def run(rank, a, port, out_path):
     else:
         torch.set_num_threads(1)  # processes share the cores: no oversubscription
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=a.world)
+    try:
+        records = measure_all(rank, a, device)
+        if rank == 0:
+            write_result(a, device, records, out_path)
+    finally:
+        gc.collect()  # DDP objects hold the process group: gone before it is destroyed
+        dist.destroy_process_group()
+
+
+def measure_all(rank, a, device):
+    world = a.world
     m, n, k = (int(v) for v in a.size.split("x"))
-    dtype, world = DTYPES[a.mode], a.world
+    dtype = DTYPES[a.mode]
     torch.manual_seed(rank)
     x = torch.rand(m, k, device=device, dtype=dtype)
     g = torch.randn(m, n, device=device, dtype=dtype)
@@ -109,17 +121,19 @@ def run(rank, a, port, out_path):
             if "column-train-step" in a.cases:
                 records.append(measure("column-train-step", impl, lambda: train_step(model, xg, grad), a, device, m,
                                        n_total, k, world))
-    if rank == 0:
-        name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-        result = {"device": name, "torch": torch.__version__, "git": os.environ.get("GIT_REV", "unknown"),
-                  "date": dt.datetime.now().isoformat(timespec="seconds"), "world_size": world,
-                  "command": " ".join(sys.argv[1:]), "records": records}
-        with open(out_path, "w") as f:
-            json.dump(result, f, indent=1)
-        for r in records:
-            print(f"{r['case']:18s} {r['impl']:11s} x{world} M={r['M']} N={r['N']} K={r['K']} {r['mode']}: "
-                  f"{r['ms']:.4f} ms (slowest rank {r['ms_slowest_rank']:.4f})", flush=True)
-    dist.destroy_process_group()
+    return records
+
+
+def write_result(a, device, records, out_path):
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    result = {"device": name, "torch": torch.__version__, "git": os.environ.get("GIT_REV", "unknown"),
+              "date": dt.datetime.now().isoformat(timespec="seconds"), "world_size": a.world,
+              "command": " ".join(sys.argv[1:]), "records": records}
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+    for r in records:
+        print(f"{r['case']:18s} {r['impl']:11s} x{a.world} M={r['M']} N={r['N']} K={r['K']} {r['mode']}: "
+              f"{r['ms']:.4f} ms (slowest rank {r['ms_slowest_rank']:.4f})", flush=True)
 
 
 def main(argv=None):

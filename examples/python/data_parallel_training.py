@@ -12,6 +12,7 @@ one process training on whole batches would: the example checks that against a s
 """
 import argparse
 import copy
+import gc
 import os
 import socket
 
@@ -70,24 +71,29 @@ def run(rank: int, world: int, port: int, device_type: str, want) -> None:
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
     try:
-        model = make_model()
-        # The usual data-parallel recipe: nn.SyncBatchNorm for global statistics, then the fused block.
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        gemm_bn_softmax.convert(model)
-        assert len(model.gemm_bn_softmax_report.replaced) == 1, model.gemm_bn_softmax_report
-        model = model.to(device)
-        # DDP refuses nn.SyncBatchNorm modules on the CPU; the fused block does not need its forward.
-        ddp = DDP(model, device_ids=[rank]) if device_type == "cuda" else _CpuDataParallel(model)
-        losses = train(ddp, batches(STEPS), rank, world, device)
-        want_losses, want_state = want
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-6)
-        for name, value in model.state_dict().items():
-            torch.testing.assert_close(value.cpu(), want_state[name], rtol=1e-4, atol=1e-5,
-                                       msg=lambda m: f"{name}: {m}")
-        if rank == 0:
-            print(f"{world} ranks trained the same model as one process: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+        train_and_check(rank, world, device, want)
     finally:
+        gc.collect()  # DDP objects hold the process group: gone before it is destroyed
         dist.destroy_process_group()
+
+
+def train_and_check(rank: int, world: int, device: torch.device, want) -> None:
+    model = make_model()
+    # The usual data-parallel recipe: nn.SyncBatchNorm for global statistics, then the fused block.
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    gemm_bn_softmax.convert(model)
+    assert len(model.gemm_bn_softmax_report.replaced) == 1, model.gemm_bn_softmax_report
+    model = model.to(device)
+    # DDP refuses nn.SyncBatchNorm modules on the CPU; the fused block does not need its forward.
+    ddp = DDP(model, device_ids=[rank]) if device.type == "cuda" else _CpuDataParallel(model)
+    losses = train(ddp, batches(STEPS), rank, world, device)
+    want_losses, want_state = want
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-6)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value.cpu(), want_state[name], rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"{name}: {m}")
+    if rank == 0:
+        print(f"{world} ranks trained the same model as one process: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
 class _CpuDataParallel(nn.Module):

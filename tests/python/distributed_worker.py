@@ -6,6 +6,7 @@ nn.SyncBatchNorm computes), and that the statistics are the same bits on every r
 assertion in any rank fails the spawn, hence the test.
 """
 import copy
+import gc
 import os
 
 import torch
@@ -345,4 +346,5 @@ def run(rank, sizes, port, backend, device_type):
             check_against_sync_batchnorm(sizes, rank, device)
             check_cuda_graph(sizes, rank, device)
     finally:
+        gc.collect()  # DDP objects hold the process group: gone before it is destroyed
         dist.destroy_process_group()
