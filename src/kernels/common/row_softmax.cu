@@ -161,32 +161,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The registers kernel holding kVecs float4 per thread, kThreads threads per row.
+template <int kThreads, int kVecs, bool kVec, class TOut>
+Status launch_in_registers(dim3 grid, const float* y, int64_t ldy, int64_t N, const ColumnAffine& f, TOut* out,
+                           int64_t ldo, float* row_lse, cudaStream_t stream) {
+  return util::launch_dependent(softmax_rows_in_registers<kThreads, kVecs, kVec, TOut>, grid, kThreads, 0, stream,
+                                "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse);
+}
+
 template <bool kVec, class TOut>
 Status launch_typed(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out, int64_t ldo,
                     float* row_lse, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(M));
-  const char* what = "row_softmax kernel launch";
   // One CTA per row; registers path while kThreads * 4 * kVecs >= N.
-  if (N <= 128 * 4 * 1)
-    return util::launch_dependent(softmax_rows_in_registers<128, 1, kVec, TOut>, grid, 128, 0, stream, what, y, ldy, N,
-                                  f, out, ldo, row_lse);
-  if (N <= 256 * 4 * 2)
-    return util::launch_dependent(softmax_rows_in_registers<256, 2, kVec, TOut>, grid, 256, 0, stream, what, y, ldy, N,
-                                  f, out, ldo, row_lse);
-  if (N <= 256 * 4 * 4)
-    return util::launch_dependent(softmax_rows_in_registers<256, 4, kVec, TOut>, grid, 256, 0, stream, what, y, ldy, N,
-                                  f, out, ldo, row_lse);
-  if (N <= 256 * 4 * 8)
-    return util::launch_dependent(softmax_rows_in_registers<256, 8, kVec, TOut>, grid, 256, 0, stream, what, y, ldy, N,
-                                  f, out, ldo, row_lse);
-  if (N <= 512 * 4 * 8)
-    return util::launch_dependent(softmax_rows_in_registers<512, 8, kVec, TOut>, grid, 512, 0, stream, what, y, ldy, N,
-                                  f, out, ldo, row_lse);
-  if (N <= 1024 * 4 * 8)
-    return util::launch_dependent(softmax_rows_in_registers<1024, 8, kVec, TOut>, grid, 1024, 0, stream, what, y, ldy,
-                                  N, f, out, ldo, row_lse);
-  return util::launch_dependent(softmax_rows_streaming<1024, kVec, TOut>, grid, 1024, 0, stream, what, y, ldy, N, f,
-                                out, ldo, row_lse);
+  if (N <= 128 * 4 * 1) return launch_in_registers<128, 1, kVec>(grid, y, ldy, N, f, out, ldo, row_lse, stream);
+  if (N <= 256 * 4 * 2) return launch_in_registers<256, 2, kVec>(grid, y, ldy, N, f, out, ldo, row_lse, stream);
+  if (N <= 256 * 4 * 4) return launch_in_registers<256, 4, kVec>(grid, y, ldy, N, f, out, ldo, row_lse, stream);
+  if (N <= 256 * 4 * 8) return launch_in_registers<256, 8, kVec>(grid, y, ldy, N, f, out, ldo, row_lse, stream);
+  if (N <= 512 * 4 * 8) return launch_in_registers<512, 8, kVec>(grid, y, ldy, N, f, out, ldo, row_lse, stream);
+  if (N <= 1024 * 4 * 8) return launch_in_registers<1024, 8, kVec>(grid, y, ldy, N, f, out, ldo, row_lse, stream);
+  return util::launch_dependent(softmax_rows_streaming<1024, kVec, TOut>, grid, 1024, 0, stream,
+                                "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse);
 }
 
 template <class TOut>
