@@ -1,16 +1,26 @@
 """Multi-GPU benchmark: the fused block's data-parallel and column-parallel forms against their peers,
 all timed in the same processes (one per GPU, NCCL; or CPU processes with gloo for a smoke run).
 
-Cases (per-GPU batch M; "ms" is rank 0's median, "ms_slowest_rank" the largest median over ranks):
+Cases (per-GPU batch M; "ms" is rank 0's median per call, "ms_slowest_rank" the largest median over
+ranks; calls run back to back as in a training loop, each timed by CUDA events with no host sync in
+between, so launch overheads hide behind the kernels as they do in a loop):
   sync-forward      training forward with global batch statistics: "fused" (FusedGemmBNSoftmax with
                     its bn an nn.SyncBatchNorm), "eager" (the reference block with nn.SyncBatchNorm),
                     and "fused-1gpu" (the single-device op at the same per-GPU batch, no exchange)
-  sync-train-step   zero_grad + forward + (out * g).sum() + backward under DDP, same three impls
-                    ("fused-1gpu" without DDP's all-reduce: the single-GPU step)
+  sync-train-step   one training step under DDP: zero_grad + forward + (out * g).sum() + backward
+                    (DDP's gradient all-reduce included) + SGD step; same three impls ("fused-1gpu":
+                    the single-GPU step, no DDP)
+  sync-train-step-local-grads
+                    the same step inside DDP's no_sync(): the block with its statistics exchanges,
+                    without DDP's gradient all-reduce, which is the same for every impl (see below)
   column-forward    column parallelism, N split over the ranks: "fused" (ColumnParallelFusedGemmBNSoftmax)
                     against "fused-1gpu" (the whole N on one GPU)
-  column-train-step the same, one training step (forward + backward, no optimizer)
+  column-train-step the same, one training step (forward + backward + SGD step)
+  collectives       what the collectives cost alone: "all_gather-moments" (2N + 1 float64 a rank, the
+                    forward's exchange) and "all_reduce-grads" (every parameter's gradient in the model
+                    dtype, what DDP reduces in each step)
 Every record carries "world_size". Writes bench/results/<gpu>-x<world>-<date>-distributed.json.
+--profile prints rank 0's kernels (torch.profiler) for one fused forward and one fused step.
 
     python bench/bench_distributed.py                      # all GPUs of the machine, headline sizes
     python bench/bench_distributed.py --device cpu --world 2 --size 64x96x80 --iters 3   # smoke run
@@ -18,12 +28,15 @@ Every record carries "world_size". Writes bench/results/<gpu>-x<world>-<date>-di
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import json
 import os
 import socket
+import statistics
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,20 +47,49 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import gemm_bn_softmax as gbs  # noqa: E402
-from gemm_bn_softmax.__main__ import time_ms  # noqa: E402  (the CLI's timer: CUDA events, or the host clock)
 from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax  # noqa: E402
 from gemm_bn_softmax.reference import ReferenceModel  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-CASES = ("sync-forward", "sync-train-step", "column-forward", "column-train-step")
+CASES = ("sync-forward", "sync-train-step", "column-forward", "column-train-step", "collectives")
 
 
+def time_ms(fn, device, iters, warmup):
+    """(median, min) ms per call of fn, called back to back. On a GPU each call sits between two CUDA
+    events and the host never waits in between (it runs ahead as in a training loop); on the CPU
+    the host clock. A barrier first, so that no rank starts while another is still warming up."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for s, e in zip(starts, ends):
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    else:
+        dist.barrier()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times)
 
 
-def train_step(model, x, g):
+def train_step(model, x, g, optimizer, local_grads=False):
+    """zero_grad, forward, loss, backward, SGD step; local_grads: inside DDP's no_sync() (the
+    statistics exchanges still run, DDP's gradient all-reduce does not)."""
     model.zero_grad(set_to_none=True)
-    out = model(x)
-    (out * g).sum().backward()
+    with model.no_sync() if local_grads else contextlib.nullcontext():
+        out = model(x)
+        (out * g).sum().backward()
+    optimizer.step()
 
 
 def sync_models(k, n, dtype, device):
@@ -63,7 +105,6 @@ def sync_models(k, n, dtype, device):
 
 def measure(case, impl, fn, a, device, m, n, k, world):
     ms, lo = time_ms(fn, device, a.iters, warmup=5)
-    dist.barrier()
     medians = [None] * world
     dist.all_gather_object(medians, ms)
     return {"case": case, "impl": impl, "world_size": world, "M": m, "N": n, "K": k, "mode": a.mode,
@@ -95,19 +136,36 @@ def measure_all(rank, a, device):
     x = torch.rand(m, k, device=device, dtype=dtype)
     g = torch.randn(m, n, device=device, dtype=dtype)
     records = []
+
+    def record(case, impl, fn, n_cols=n):
+        records.append(measure(case, impl, fn, a, device, m, n_cols, k, world))
+
     if {"sync-forward", "sync-train-step"} & set(a.cases):
-        models = sync_models(k, n, dtype, device)
-        for impl, model in models.items():
+        for impl, model in sync_models(k, n, dtype, device).items():
             if model is None:
                 continue
             if "sync-forward" in a.cases:
-                records.append(measure("sync-forward", impl, lambda: model(x), a, device, m, n, k, world))
+                record("sync-forward", impl, lambda: model(x))
             if "sync-train-step" in a.cases:
                 wrapped = model if impl == "fused-1gpu" else DDP(model, device_ids=[rank] if device.type == "cuda"
                                                                  else None)
+                sgd = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=True)
                 xg = x.clone().requires_grad_()
-                records.append(measure("sync-train-step", impl, lambda: train_step(wrapped, xg, g), a, device, m, n, k,
-                                       world))
+                record("sync-train-step", impl, lambda: train_step(wrapped, xg, g, sgd))
+                if impl != "fused-1gpu":
+                    record("sync-train-step-local-grads", impl, lambda: train_step(wrapped, xg, g, sgd, True))
+                if a.profile and impl == "fused":  # every rank runs it (collectives), rank 0 prints
+                    profile("fused forward", lambda: model(x), device, rank)
+                    profile("fused DDP train step", lambda: train_step(wrapped, xg, g, sgd), device, rank)
+                del wrapped, sgd
+    if "collectives" in a.cases:
+        moments = torch.randn(2 * n + 1, device=device, dtype=torch.float64)
+        gathered = moments.new_empty(world, moments.numel())
+        record("collectives", "all_gather-moments",
+               lambda: dist.all_gather_into_tensor(gathered, moments) if device.type == "cuda"
+               else dist.all_gather(list(gathered.unbind()), moments))
+        grads = torch.randn(n * k + 4 * n + 1, device=device, dtype=dtype)  # W, b, gamma, beta, scale
+        record("collectives", "all_reduce-grads", lambda: dist.all_reduce(grads))
     if {"column-forward", "column-train-step"} & set(a.cases):
         n_total = a.column_n or n
         full = gbs.FusedGemmBNSoftmax(k, n_total).to(device, dtype)
@@ -116,12 +174,31 @@ def measure_all(rank, a, device):
         g_full = torch.randn(m, n_total, device=device, dtype=dtype)
         xg = x.clone().requires_grad_()
         for impl, model, grad in (("fused", shard, g_shard), ("fused-1gpu", full, g_full)):
+            sgd = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=True)
             if "column-forward" in a.cases:
-                records.append(measure("column-forward", impl, lambda: model(x), a, device, m, n_total, k, world))
+                record("column-forward", impl, lambda: model(x), n_total)
             if "column-train-step" in a.cases:
-                records.append(measure("column-train-step", impl, lambda: train_step(model, xg, grad), a, device, m,
-                                       n_total, k, world))
+                record("column-train-step", impl, lambda: train_step(model, xg, grad, sgd), n_total)
     return records
+
+
+def profile(what, fn, device, rank, steps=3):
+    """The kernels of `steps` calls of fn after a warm-up (name, calls, total GPU time); every rank
+    runs them, as the collectives need, and rank 0 prints."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    fn()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    if rank != 0:
+        return
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(f"--- profile: {what}, {steps} calls (rank 0) ---\n"
+          + prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=70), flush=True)
 
 
 def write_result(a, device, records, out_path):
@@ -132,7 +209,7 @@ def write_result(a, device, records, out_path):
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
     for r in records:
-        print(f"{r['case']:18s} {r['impl']:11s} x{a.world} M={r['M']} N={r['N']} K={r['K']} {r['mode']}: "
+        print(f"{r['case']:27s} {r['impl']:18s} x{a.world} M={r['M']} N={r['N']} K={r['K']} {r['mode']}: "
               f"{r['ms']:.4f} ms (slowest rank {r['ms_slowest_rank']:.4f})", flush=True)
 
 
@@ -145,6 +222,7 @@ def main(argv=None):
     p.add_argument("--mode", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--profile", action="store_true", help="print rank 0's kernels of one fused forward and step")
     p.add_argument("--out", default=None, help="JSON path (default: bench/results/<gpu>-x<world>-<date>-distributed.json)")
     a = p.parse_args(argv)
     if a.world is None:

@@ -76,6 +76,9 @@ if [ "$MODE" = "sanitize" ]; then
 fi
 
 if [ "$MODE" = "distributed" ]; then
+  step "interconnect"
+  nvidia-smi topo -m 2>&1 | tee -a "$OUT/env.log" | head -8
+  nvidia-smi nvlink -s 2>&1 >>"$OUT/env.log"
   step "data-parallel gtests"
   for t in "test_forward_gpu:*" "test_backward_gpu:BackwardGpuDataParallel.*"; do
     bin=${t%%:*}; filter=${t#*:}
@@ -85,7 +88,7 @@ if [ "$MODE" = "distributed" ]; then
   step "pytest (distributed)"
   PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider \
     tests/python/test_distributed.py >"$OUT/pytest.log" 2>&1 || status=1
-  grep -E "passed|failed|^E  |^FAILED" "$OUT/pytest.log" | tail -20
+  grep -E "passed|failed|^FAILED" "$OUT/pytest.log" | tail -8
   if [ "${BENCH_ARGS:-}" != "none" ]; then
     step "bench (distributed)"
     PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_distributed.py ${BENCH_ARGS:-} --out "$OUT/bench.json" \

@@ -253,10 +253,12 @@ def test_distributed_benchmark_smoke_run_on_cpu_processes(tmp_path):
 
     out = tmp_path / "d.json"
     assert bench_distributed.main(["--device", "cpu", "--world", "2", "--size", "16x24x8", "--column-n", "40",
-                                   "--iters", "2", "--mode", "fp32", "--out", str(out)]) == 0
+                                   "--iters", "2", "--mode", "fp32", "--profile", "--out", str(out)]) == 0
     data = json.load(open(out))
     got = {(r["case"], r["impl"]) for r in data["records"]}
     assert got == {("sync-forward", "fused"), ("sync-forward", "fused-1gpu"), ("sync-train-step", "fused"),
                    ("sync-train-step", "fused-1gpu"), ("column-forward", "fused"), ("column-forward", "fused-1gpu"),
-                   ("column-train-step", "fused"), ("column-train-step", "fused-1gpu")}
+                   ("column-train-step", "fused"), ("column-train-step", "fused-1gpu"),
+                   ("sync-train-step-local-grads", "fused"), ("collectives", "all_gather-moments"),
+                   ("collectives", "all_reduce-grads")}
     assert all(r["world_size"] == 2 and r["ms"] > 0 for r in data["records"])
