@@ -46,15 +46,13 @@ def needs_sync(process_group, training: bool) -> bool:
 
 
 def _all_gather(record: torch.Tensor, group) -> torch.Tensor:
-    """(world_size, len(record)): every rank's record in rank order."""
+    """(world_size, len(record)): every rank's record in rank order. One flat buffer (NCCL and gloo
+    both gather into one tensor), viewed as rows afterwards: torch.compile (2.11) refuses a 2-D
+    output buffer for this collective."""
     world = dist.get_world_size(group)
-    if dist.get_backend(group) == "nccl":  # one flat buffer, no list of tensors
-        out = record.new_empty((world, record.numel()))
-        dist.all_gather_into_tensor(out, record, group=group)
-        return out
-    parts = [torch.empty_like(record) for _ in range(world)]
-    dist.all_gather(parts, record, group=group)
-    return torch.stack(parts)
+    out = record.new_empty(world * record.numel())
+    dist.all_gather_into_tensor(out, record.contiguous(), group=group)
+    return out.view(world, record.numel())
 
 
 def _resolved_precision(linear_dtype: torch.dtype, precision: Optional[str]) -> Optional[str]:
@@ -147,7 +145,7 @@ def sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, runn
 
 def _all_gather_sum(t: torch.Tensor, group) -> torch.Tensor:
     """Sum over ranks, added in rank order: the same bits on every rank."""
-    return _all_gather(t.contiguous(), group).sum(0)
+    return _all_gather(t, group).sum(0)
 
 
 class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
@@ -169,7 +167,10 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
             eps, precision, path, None, out_dtype or linear)
         # The whole row's log-normaliser, and this rank's columns renormalised to it.
         lse = torch.logsumexp(_all_gather(row_lse, group), dim=0)
-        out = (out.float() * torch.exp(row_lse - lse)[:, None]).to(out.dtype)
+        # (float32 math, one rounding to out's dtype; no .to() when that is float32 already: a no-op
+        # .to() on this output makes torch 2.11's torch.compile trace the backward with zero gradients)
+        scaled = out * torch.exp(row_lse - lse)[:, None]
+        out = scaled if scaled.dtype == out.dtype else scaled.to(out.dtype)
         _save_for_backward(ctx, y, mean, invstd, lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
                            group)
         ctx.batch_stats = training or running_mean is None
