@@ -16,10 +16,12 @@ between, so launch overheads hide behind the kernels as they do in a loop):
   column-forward    column parallelism, N split over the ranks: "fused" (ColumnParallelFusedGemmBNSoftmax)
                     against "fused-1gpu" (the whole N on one GPU)
   column-train-step the same, one training step (forward + backward + SGD step)
+  sync-forward *-cuda-graph
+                    the forward captured in a CUDA graph and replayed: the GPU time without the host
   collectives       what the collectives cost alone: "all_gather-moments" (2N + 1 float64 a rank, the
                     forward's exchange) and "all_reduce-grads" (every parameter's gradient in the model
                     dtype, what DDP reduces in each step)
-Every record carries "world_size". Writes bench/results/<gpu>-x<world>-<date>-distributed.json.
+Every record carries "world_size", and "host_ms": the host time to issue one call onto an idle GPU. Writes bench/results/<gpu>-x<world>-<date>-distributed.json.
 --profile prints rank 0's kernels (torch.profiler) for one fused forward and one fused step.
 
     python bench/bench_distributed.py                      # all GPUs of the machine, headline sizes
@@ -103,12 +105,45 @@ def sync_models(k, n, dtype, device):
     return {"fused": fused, "eager": eager, "fused-1gpu": one_gpu}
 
 
-def measure(case, impl, fn, a, device, m, n, k, world):
-    ms, lo = time_ms(fn, device, a.iters, warmup=5)
+def host_ms(fn, device, iters=20):
+    """Median host time to issue one call onto an idle device (the GPU drained before each call; every
+    rank calls together). When it is not well below "ms", the loop is bound by the host (Python,
+    dispatch, launches, the collectives' bookkeeping), not by the kernels."""
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def graph_ms(fn, device, iters):
+    """fn captured once in a CUDA graph (its NCCL collectives included) and replayed back to back:
+    the GPU time with no host overhead (static shapes). Median ms per replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, device, iters, warmup=3)
+
+
+def measure(case, impl, fn, a, device, m, n, k, world, graph=False):
+    ms, lo = graph_ms(fn, device, a.iters) if graph else time_ms(fn, device, a.iters, warmup=5)
+    host = None if graph else host_ms(fn, device)
     medians = [None] * world
     dist.all_gather_object(medians, ms)
-    return {"case": case, "impl": impl, "world_size": world, "M": m, "N": n, "K": k, "mode": a.mode,
-            "ms": ms, "min": lo, "ms_slowest_rank": max(medians)}
+    return {"case": case, "impl": impl + ("-cuda-graph" if graph else ""), "world_size": world, "M": m, "N": n,
+            "K": k, "mode": a.mode, "ms": ms, "min": lo, "ms_slowest_rank": max(medians), "host_ms": host}
 
 
 def run(rank, a, port, out_path):
@@ -137,8 +172,8 @@ def measure_all(rank, a, device):
     g = torch.randn(m, n, device=device, dtype=dtype)
     records = []
 
-    def record(case, impl, fn, n_cols=n):
-        records.append(measure(case, impl, fn, a, device, m, n_cols, k, world))
+    def record(case, impl, fn, n_cols=n, graph=False):
+        records.append(measure(case, impl, fn, a, device, m, n_cols, k, world, graph))
 
     if {"sync-forward", "sync-train-step"} & set(a.cases):
         for impl, model in sync_models(k, n, dtype, device).items():
@@ -146,6 +181,8 @@ def measure_all(rank, a, device):
                 continue
             if "sync-forward" in a.cases:
                 record("sync-forward", impl, lambda: model(x))
+                if device.type == "cuda" and impl != "eager":  # the GPU floor, without the host
+                    record("sync-forward", impl, lambda: model(x), graph=True)
             if "sync-train-step" in a.cases:
                 wrapped = model if impl == "fused-1gpu" else DDP(model, device_ids=[rank] if device.type == "cuda"
                                                                  else None)
@@ -210,7 +247,8 @@ def write_result(a, device, records, out_path):
         json.dump(result, f, indent=1)
     for r in records:
         print(f"{r['case']:27s} {r['impl']:18s} x{a.world} M={r['M']} N={r['N']} K={r['K']} {r['mode']}: "
-              f"{r['ms']:.4f} ms (slowest rank {r['ms_slowest_rank']:.4f})", flush=True)
+              f"{r['ms']:.4f} ms (slowest rank {r['ms_slowest_rank']:.4f}; host "
+              f"{'-' if r['host_ms'] is None else format(r['host_ms'], '.4f')})", flush=True)
 
 
 def main(argv=None):
