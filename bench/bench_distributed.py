@@ -48,6 +48,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import bench_forward  # noqa: E402  (its CUDA-event timer)
 import gemm_bn_softmax as gbs  # noqa: E402
 from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax  # noqa: E402
 from gemm_bn_softmax.reference import ReferenceModel  # noqa: E402
@@ -65,22 +67,14 @@ def time_ms(fn, device, iters, warmup):
     if device.type == "cuda":
         torch.cuda.synchronize()
         dist.barrier()
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for s, e in zip(starts, ends):
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    else:
-        dist.barrier()
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        median, lo, _ = bench_forward.time_ms(fn, iters, warmup=0)  # events around each call
+        return median, lo
+    dist.barrier()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times), min(times)
 
 
@@ -125,15 +119,7 @@ def host_ms(fn, device, iters=20):
 def graph_ms(fn, device, iters):
     """fn captured once in a CUDA graph (its NCCL collectives included) and replayed back to back:
     the GPU time with no host overhead (static shapes). Median ms per replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = bench_forward.capture(fn)
     return time_ms(graph.replay, device, iters, warmup=3)
 
 

@@ -243,6 +243,23 @@ def host_ms(step, iters: int = 10):
     return statistics.median(times)
 
 
+def capture(body, before_capture=None, warmup=3):
+    """body() captured in a CUDA graph, after `warmup` calls on a side stream (allocations,
+    communicators and lazy initialisation happen outside the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    if before_capture is not None:
+        before_capture()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph
+
+
 def graph_ms(model, x, g, autocast_dtype, iters):
     """The same step (forward, loss, backward into gradients set to None) captured in one CUDA graph
     and replayed: the GPU time with no host overhead and no launch gaps. As in PyTorch's whole-network
@@ -257,17 +274,11 @@ def graph_ms(model, x, g, autocast_dtype, iters):
             loss = (model(x) * g).sum()
         loss.backward()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            body()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    model.zero_grad(set_to_none=True)
-    x.grad = None
-    with torch.cuda.graph(graph):
-        body()
+    def reset():
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+
+    graph = capture(body, before_capture=reset)
     med, _, _ = time_ms(graph.replay, iters)
     del graph
     return med
