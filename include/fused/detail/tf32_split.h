@@ -1,0 +1,100 @@
+// fp32 -> TF32 rounding and the 3xTF32 operand splits, usable on host and device.
+//
+// TF32 keeps fp32's sign and 8-bit exponent and 10 of its 23 mantissa bits; a tensor-core TF32
+// product reads only those bits. 3xTF32 recovers fp32 accuracy from TF32 products: each operand
+// a = big + small (+ a remainder below 2^-21 |a|), both TF32, and
+//   a * b  ~=  small_a * big_b + big_a * small_b + big_a * big_b
+// (small * small is dropped). Each TF32 * TF32 product is exact in fp32 (11 x 11 significant bits).
+//
+// Two splits, both done with integer operations (the same bits on host and device, so a host
+// reference reproduces a kernel's operands exactly):
+//
+//   split_nearest      big = a rounded to nearest TF32 (ties to even), small = (a - big) rounded to
+//                      nearest. The most accurate: a - big - small <= 2^-22 |a|. But small may
+//                      have the opposite sign of big, so an infinite operand meets products of
+//                      both signs (inf * small_b and inf * big_b) and gives NaN where fp32 gives
+//                      +-inf: use it only where the inputs are finite.
+//   split_toward_zero  big = a truncated to TF32, small = (a - big) rounded to nearest: small has
+//                      a's sign (what CUTLASS's sm80 3xTF32 does). a - big - small <= 2^-21 |a|.
+//                      With the special cases below, the three products of a * b give fp32's
+//                      a * b for every pair of inf, NaN, zero and finite operands.
+//
+// Special cases (both splits):
+//   - inf splits into (inf, inf) (toward zero) or (inf, 0) (nearest); NaN into (NaN, 0);
+//     zero into (0, 0) (inf * 0 is NaN in fp32 too);
+//   - toward zero: a finite nonzero a that TF32 holds exactly (a - big = 0) gets the small part
+//     +-2^(exponent(a) - 30) instead of 0, so that inf * small_a is inf and not NaN; it changes a
+//     product by at most 2^-30 of it (1/64 of fp32's rounding). Below |a| ~ 2^-96 that small part
+//     is a TF32 subnormal (hardware that flushes subnormals would make it 0 again), below ~2^-106
+//     it is 0;
+//   - nearest: finite values that round past TF32's largest value keep the truncated value
+//     instead of becoming inf;
+//   - subnormals are split on TF32's subnormal grid (spacing 2^-136): below |a| ~ 2^-114 the
+//     split keeps fewer than 22 bits.
+#pragma once
+
+#include <cstdint>
+
+#include "fused/detail/half_bits.h"
+#include "fused/types.h"
+
+namespace fused::tf32 {
+
+// The 13 mantissa bits a TF32 value does not have.
+constexpr uint32_t kDroppedBits = 13;
+constexpr uint32_t kDroppedMask = (1u << kDroppedBits) - 1u;  // 0x1fff
+constexpr uint32_t kExponentMask = 0x7f800000u;
+constexpr uint32_t kSignMask = 0x80000000u;
+
+FUSED_HD bool representable(float a) { return (half_bits::float_bits(a) & kDroppedMask) == 0; }
+FUSED_HD bool finite(float a) { return (half_bits::float_bits(a) & kExponentMask) != kExponentMask; }
+
+// a truncated to TF32 (toward zero); inf and NaN unchanged apart from NaN's dropped payload bits.
+FUSED_HD float truncate(float a) {
+  const uint32_t u = half_bits::float_bits(a);
+  if (!finite(a)) return a;
+  return half_bits::bits_float(u & ~kDroppedMask);
+}
+
+// a rounded to the nearest TF32 value (ties to even); inf and NaN unchanged; a finite value past
+// TF32's largest one is truncated instead of becoming inf.
+FUSED_HD float round_nearest(float a) {
+  const uint32_t u = half_bits::float_bits(a);
+  if (!finite(a)) return a;
+  const uint32_t lsb = (u >> kDroppedBits) & 1u;
+  const uint32_t rounded = (u + (kDroppedMask >> 1) + lsb) & ~kDroppedMask;
+  if ((rounded & kExponentMask) == kExponentMask) return truncate(a);
+  return half_bits::bits_float(rounded);
+}
+
+struct Split {
+  float big;
+  float small;
+};
+
+FUSED_HD Split split_nearest(float a) {
+  if (!finite(a)) return {a, 0.0f};
+  const float big = round_nearest(a);
+  // a - big is exact in fp32: big is a's rounding at a coarser precision, within one TF32 ulp.
+  return {big, round_nearest(a - big)};
+}
+
+// Exponent offset of the small part of a value TF32 holds exactly (split_toward_zero).
+constexpr int kExactSmallExponent = 30;
+
+FUSED_HD Split split_toward_zero(float a) {
+  const uint32_t u = half_bits::float_bits(a);
+  if (!finite(a)) return {a, (u & ~(kSignMask | kExponentMask)) == 0 ? a : 0.0f};  // inf: (inf, inf)
+  const float big = truncate(a);
+  const float small = round_nearest(a - big);  // a - big has a's sign, so has its rounding
+  if (small != 0.0f || a == 0.0f) return {big, small};
+  // TF32 holds a exactly: a power of two 2^30 below a's leading bit, with a's sign.
+  const int32_t exponent = static_cast<int32_t>((u & kExponentMask) >> 23) - kExactSmallExponent;
+  const uint32_t sign = u & kSignMask;
+  if (exponent >= 1) return {big, half_bits::bits_float(sign | (static_cast<uint32_t>(exponent) << 23))};
+  // Subnormal: 2^-149 * 2^shift. TF32 keeps the subnormal bits from 2^-136 up (shift >= 13).
+  const int32_t shift = 22 + exponent;
+  return {big, shift >= 13 ? half_bits::bits_float(sign | (1u << shift)) : 0.0f};
+}
+
+}  // namespace fused::tf32
