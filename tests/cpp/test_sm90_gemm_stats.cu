@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -343,6 +344,45 @@ TEST(Sm90GemmStats, LargeMeanInAccumulator) {
       EXPECT_LT(r.m2_max_rel, 1e-5);
     }
   }
+}
+
+// Which bits of an fp32 operand the TF32 tensor cores read. The kernel hands them raw fp32 (TMA
+// copies, no conversion), so the 13 mantissa bits TF32 lacks are either ignored (truncation toward
+// zero) or rounded away. A 3xTF32 split with a truncated big part (fused::tf32::split_toward_zero)
+// can use the raw tile as its big part only if they are ignored: x = +-(1 + 0.75 * 2^-10) times
+// W = 1 gives +-1 when truncated, +-(1 + 2^-10) when rounded. Also printed (not asserted): whether
+// a TF32 subnormal operand (2^-130) is flushed to zero.
+TEST(Sm90GemmStats, Tf32TensorCoresTruncateRawFp32Operands) {
+  SKIP_UNLESS_SM90();
+  const int64_t M = 4, N = 8, K = 32;
+  std::vector<float> x(M * K, 0.0f), w(N * K, 0.0f), y(M * N, 0.0f);
+  const float above_one = 1.0f + 0.75f * std::ldexp(1.0f, -10);
+  x[0 * K] = above_one;
+  x[1 * K] = -above_one;
+  x[2 * K] = std::ldexp(1.0f, -130);  // subnormal, TF32-representable (bit 19 of the mantissa)
+  w[0 * K] = 1.0f;
+  w[1 * K] = std::ldexp(1.0f, 100);
+  DeviceBuffer<float> dx(x.size()), dw(w.size()), dy(y.size());
+  ASSERT_TRUE(dx.ptr && dw.ptr && dy.ptr);
+  CUDA_OK(cudaMemcpy(dx.ptr, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dw.ptr, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(dy.ptr, 0xFF, y.size() * sizeof(float)));
+  sm90::GemmStatsArgs a;
+  a.M = M; a.N = N; a.K = K;
+  a.x = dx.ptr; a.ldx = K;
+  a.w = dw.ptr; a.ldw = K;
+  a.y = dy.ptr; a.ldy = N;
+  DeviceBuffer<uint8_t> ws(std::max<size_t>(sm90::gemm_workspace_bytes(ElementType::kFloat32, a), 1));
+  const Status st = launch(ElementType::kFloat32, a, ws.ptr, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(y.data(), dy.ptr, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(y[0 * N + 0], 1.0f) << "rounded instead of truncated: " << y[0 * N + 0];
+  EXPECT_EQ(y[1 * N + 0], -1.0f) << "rounded instead of truncated: " << y[1 * N + 0];
+  const float subnormal_product = y[2 * N + 1];
+  std::printf("TF32 subnormal operand 2^-130 * 2^100 = %g (%s)\n", subnormal_product,
+              subnormal_product == 0.0f ? "flushed to zero" : "kept");
+  EXPECT_TRUE(subnormal_product == 0.0f || subnormal_product == std::ldexp(1.0f, -30)) << subnormal_product;
 }
 
 // The tile rule (no GPU needed): 128x128 ping-pong exactly when the 256x128 grid is under one wave.
