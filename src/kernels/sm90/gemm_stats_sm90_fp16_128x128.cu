@@ -4,17 +4,14 @@
 namespace fused::sm90::instances {
 namespace {
 using Config = detail::SmallTileConfig<cutlass::half_t>;
-// Raster along N: the faster order for these underfilled grids in the sweep (tf32: 12 % at
-// 1024x2048x4096; 16-bit: level).
-constexpr detail::SchedulerOptions kScheduler{2, 1};
 }  // namespace
 
 Status run_fp16_128x128(const GemmStatsArgs& args, void* workspace, cudaStream_t stream) {
-  return detail::run<cutlass::half_t, Config>(args, workspace, stream, kScheduler);
+  return detail::run<cutlass::half_t, Config>(args, workspace, stream, detail::kSmallTileScheduler);
 }
 
 std::size_t workspace_fp16_128x128(const GemmStatsArgs& args) {
-  return detail::workspace_bytes<cutlass::half_t, Config>(args, kScheduler);
+  return detail::workspace_bytes<cutlass::half_t, Config>(args, detail::kSmallTileScheduler);
 }
 
 }  // namespace fused::sm90::instances

@@ -4,17 +4,14 @@
 namespace fused::sm90::instances {
 namespace {
 using Config = detail::SmallTileConfig<float>;
-// Raster along N: the faster order for these underfilled grids in the sweep (tf32: 12 % at
-// 1024x2048x4096; 16-bit: level).
-constexpr detail::SchedulerOptions kScheduler{2, 1};
 }  // namespace
 
 Status run_tf32_128x128(const GemmStatsArgs& args, void* workspace, cudaStream_t stream) {
-  return detail::run<float, Config>(args, workspace, stream, kScheduler);
+  return detail::run<float, Config>(args, workspace, stream, detail::kSmallTileScheduler);
 }
 
 std::size_t workspace_tf32_128x128(const GemmStatsArgs& args) {
-  return detail::workspace_bytes<float, Config>(args, kScheduler);
+  return detail::workspace_bytes<float, Config>(args, detail::kSmallTileScheduler);
 }
 
 }  // namespace fused::sm90::instances
