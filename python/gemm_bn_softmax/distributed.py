@@ -269,14 +269,14 @@ class ColumnParallelFusedGemmBNSoftmax(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .module import bn_buffers  # (module imports this file)
+
         bn, training = self.bn, self.training
-        track = bn.track_running_stats
+        running_mean, running_var, num_batches_tracked = bn_buffers(bn, training)
         return column_parallel_gemm_bn_softmax(
-            x, self.gemm.weight, self.gemm.bias, bn.weight, bn.bias,
-            bn.running_mean if (not training or track) else None,
-            bn.running_var if (not training or track) else None,
+            x, self.gemm.weight, self.gemm.bias, bn.weight, bn.bias, running_mean, running_var,
             self.scale, training=training, momentum=bn.momentum, eps=bn.eps, process_group=self.process_group,
-            num_batches_tracked=bn.num_batches_tracked if (training and track) else None, precision=self.precision)
+            num_batches_tracked=num_batches_tracked, precision=self.precision)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -10,25 +10,30 @@ import torch.nn as nn
 from .functional import ScaleLike, gemm_bn_softmax
 
 
+def bn_buffers(bn: nn.BatchNorm1d, training: bool):
+    """(running_mean, running_var, num_batches_tracked) as the op takes them under nn.BatchNorm1d's
+    rules: running statistics unless training without tracking them; num_batches_tracked only when
+    training with them (the op then increments it, and momentum=None averages cumulatively)."""
+    track = bn.track_running_stats
+    stats = not training or track
+    return (bn.running_mean if stats else None, bn.running_var if stats else None,
+            bn.num_batches_tracked if (training and track) else None)
+
+
 def run_block(x: torch.Tensor, linear: nn.Linear, bn: nn.BatchNorm1d, scale: ScaleLike, training: bool,
               precision: Optional[str] = None, process_group: Optional[Any] = None) -> torch.Tensor:
     """softmax(scale * bn(linear(x)), dim=1) by the fused op, with the modules' own parameters and
-    buffers and nn.BatchNorm1d's (or nn.SyncBatchNorm's) rules for them in this training mode:
-    running statistics are passed unless training without tracking them, and num_batches_tracked
-    only when training with them (the op then increments it, and momentum=None averages
-    cumulatively). In training, statistics over every rank of `process_group`, or of an
-    nn.SyncBatchNorm's own group (None there: the default group), as nn.SyncBatchNorm computes."""
-    track = bn.track_running_stats
+    buffers (``bn_buffers``: nn.BatchNorm1d's rules for them in this training mode). In training,
+    statistics over every rank of `process_group`, or of an nn.SyncBatchNorm's own group (None
+    there: the default group), as nn.SyncBatchNorm computes."""
     group = process_group
     if group is None and isinstance(bn, nn.SyncBatchNorm) and dist.is_available():
         group = bn.process_group if bn.process_group is not None else dist.group.WORLD
+    running_mean, running_var, num_batches_tracked = bn_buffers(bn, training)
     return gemm_bn_softmax(
-        x, linear.weight, linear.bias, bn.weight, bn.bias,
-        bn.running_mean if (not training or track) else None,
-        bn.running_var if (not training or track) else None,
+        x, linear.weight, linear.bias, bn.weight, bn.bias, running_mean, running_var,
         scale, training=training, momentum=bn.momentum, eps=bn.eps,
-        num_batches_tracked=bn.num_batches_tracked if (training and track) else None,
-        precision=precision, process_group=group)
+        num_batches_tracked=num_batches_tracked, precision=precision, process_group=group)
 
 
 class FusedGemmBNSoftmax(nn.Module):
