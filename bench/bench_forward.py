@@ -121,7 +121,10 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                                                fused.bn.running_var, fused.scale, training=training,
                                                momentum=0.1, eps=1e-5, precision=precision, path=path)
 
-        impls = {"eager": lambda: ref(xd), "gemm": lambda: F.linear(xd, w, b), "generic": op("generic")}
+        # "module": the nn.Module a user holds (auto path; running stats and num_batches_tracked as
+        # nn.BatchNorm1d moves them), called back to back as a loop calls it.
+        impls = {"eager": lambda: ref(xd), "gemm": lambda: F.linear(xd, w, b), "generic": op("generic"),
+                 "module": lambda: fused(xd)}
         auto_path = gbs.dispatch_path(xd, w, b, precision=precision)  # what a user of the op gets
         try:
             gbs.dispatch_path(xd, w, b, precision=precision, path="sm90")  # raises where sm90 cannot run
@@ -157,7 +160,7 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 rec["auto_path"] = auto_path
             if name.startswith("compile"):
                 rec["compile_s"] = first_s
-            if profile and name in ("sm90", "generic"):
+            if profile and name in ("sm90", "generic", "module"):
                 rec["kernels"] = profile_kernels(fn)
             records.append(rec)
     torch.backends.cuda.matmul.allow_tf32 = False

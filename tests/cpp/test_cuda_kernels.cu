@@ -261,5 +261,57 @@ TEST(RowSoftmaxGpu, HalfAndBFloat16Outputs) {
   check_softmax<__nv_bfloat16>(2, 50000, 0, ElementType::kBFloat16, 4e-3);
 }
 
+// Every built layout (rows per CTA, threads, float4 per thread) reduces a row in the same order:
+// the same bits as the default layout, on ragged shapes (an odd row count leaves a CTA's last rows
+// empty; N % 4 != 0 with an odd stride takes the scalar loads).
+TEST(RowSoftmaxGpu, EveryLayoutGivesTheDefaultLayoutsBits) {
+  REQUIRE_GPU();
+  struct Shape { int64_t M, N, pad; };
+  for (const Shape s : {Shape{37, 8190, 2}, Shape{5, 1001, 1}, Shape{1023, 4096, 0}, Shape{3, 2000, 0}}) {
+    const auto y = test::random_columns(s.M, s.N, 5.0, 7 + s.N);
+    const int64_t ld = s.N + s.pad;
+    std::vector<float> y_strided(s.M * ld, 0.f);
+    for (int64_t i = 0; i < s.M; ++i) std::copy(y.begin() + i * s.N, y.begin() + (i + 1) * s.N, y_strided.begin() + i * ld);
+    std::vector<float> shift(s.N), a(s.N), c(s.N);
+    for (int64_t n = 0; n < s.N; ++n) {
+      shift[n] = 0.1f * (n % 7);
+      a[n] = 0.5f + 0.01f * (n % 11);
+      c[n] = 0.01f * (n % 13);
+    }
+    DeviceBuf<float> dy(y_strided), ds(shift), da(a), dc(c);
+    const ColumnAffine affine{ds.ptr, da.ptr, dc.ptr};
+    auto run = [&](const cuda::SoftmaxLayout* layout, std::vector<__nv_bfloat16>& out, std::vector<float>& lse) {
+      DeviceBuf<__nv_bfloat16> dout(s.M * ld);
+      DeviceBuf<float> dlse(s.M);
+      CUDA_OK(cudaMemset(dout.ptr, 0xff, s.M * ld * sizeof(__nv_bfloat16)));  // NaN: unwritten shows
+      CUDA_OK(cudaMemset(dlse.ptr, 0xff, s.M * sizeof(float)));
+      const Status st = layout == nullptr
+          ? cuda::row_softmax(dy.ptr, ld, s.M, s.N, affine, dout.ptr, ld, ElementType::kBFloat16, dlse.ptr, nullptr)
+          : cuda::row_softmax_with_layout(*layout, dy.ptr, ld, s.M, s.N, affine, dout.ptr, ld, ElementType::kBFloat16,
+                                          dlse.ptr, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message;
+      CUDA_OK(cudaDeviceSynchronize());
+      out = dout.download();
+      lse = dlse.download();
+    };
+    std::vector<__nv_bfloat16> want, got;
+    std::vector<float> want_lse, got_lse;
+    run(nullptr, want, want_lse);
+    int compared = 0;
+    for (const cuda::SoftmaxLayout& l : cuda::row_softmax_built_layouts()) {
+      if (int64_t{l.threads} * 4 * l.vecs < s.N) continue;
+      run(&l, got, got_lse);
+      ++compared;
+      for (int64_t i = 0; i < s.M; ++i) {
+        ASSERT_EQ(0, std::memcmp(&got_lse[i], &want_lse[i], sizeof(float))) << "row " << i << " layout " << l.threads
+                                                                            << "x" << l.vecs << "x" << l.rows;
+        ASSERT_EQ(0, std::memcmp(&got[i * ld], &want[i * ld], s.N * sizeof(__nv_bfloat16)))
+            << "row " << i << " layout " << l.threads << "x" << l.vecs << "x" << l.rows;
+      }
+    }
+    EXPECT_GE(compared, 2) << "N=" << s.N;
+  }
+}
+
 }  // namespace
 }  // namespace fused

@@ -2,6 +2,8 @@
 // swizzle) against cuBLAS on the same shapes: median device time of each, statistics on (training)
 // and off (eval). Not a test; built with -DFUSED_BUILD_GEMM_SWEEP=ON (CUTLASS instantiations are
 // expensive to compile). Usage: gemm_sweep [iters] [MxNxK ...]; prints one JSON line per record.
+// GEMM_SWEEP_VARIANTS=a,b,... keeps the variants whose name contains one of the substrings;
+// GEMM_SWEEP_CHOICES=r:s,... replaces the (raster order, max swizzle) list.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +23,30 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
 }
 
+// Comma-separated items of an environment variable (none: empty).
+std::vector<std::string> env_list(const char* name) {
+  std::vector<std::string> items;
+  const char* v = std::getenv(name);
+  std::string cur;
+  for (const char* c = v ? v : ""; ; ++c) {
+    if (*c == ',' || *c == '\0') {
+      if (!cur.empty()) items.push_back(cur);
+      cur.clear();
+      if (*c == '\0') break;
+    } else {
+      cur += *c;
+    }
+  }
+  return items;
+}
+
+bool selected(const std::string& variant, const std::vector<std::string>& filters) {
+  if (filters.empty()) return true;
+  for (const auto& f : filters)
+    if (variant.find(f) != std::string::npos) return true;
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -33,7 +59,15 @@ int main(int argc, char** argv) {
   if (shapes.empty()) shapes.push_back({1024, 8192, 8192});
   cublasHandle_t h;
   cublasCreate(&h);
-  const std::vector<fused::sweep::SchedulerChoice> choices = {{0, 1}, {1, 1}, {2, 1}, {1, 2}, {2, 2}, {1, 4}, {2, 4}, {2, 8}};
+  std::vector<fused::sweep::SchedulerChoice> choices = {{0, 1}, {1, 1}, {2, 1}, {1, 2}, {2, 2}, {1, 4}, {2, 4}, {2, 8}};
+  if (!env_list("GEMM_SWEEP_CHOICES").empty()) {
+    choices.clear();
+    for (const auto& c : env_list("GEMM_SWEEP_CHOICES")) {
+      int r = 0, sw = 1;
+      if (std::sscanf(c.c_str(), "%d:%d", &r, &sw) == 2) choices.push_back({r, sw});
+    }
+  }
+  const std::vector<std::string> filters = env_list("GEMM_SWEEP_VARIANTS");
   for (const auto& shape : shapes) {
     const int64_t M = shape[0], N = shape[1], K = shape[2];  // named copies: lambdas capture them
     void *x, *w, *bias, *ws = nullptr;
@@ -70,7 +104,7 @@ int main(int argc, char** argv) {
                     (long long)M, (long long)N, (long long)K, dt, t, flop / t / 1e9);
       }
       for (const auto& v : fused::sweep::variants()) {
-        if (v.bf16 != bool(bf16)) continue;
+        if (v.bf16 != bool(bf16) || !selected(v.name, filters)) continue;
         fused::sm90::GemmStatsArgs a;
         a.M = M; a.N = N; a.K = K; a.x = x; a.ldx = K; a.w = w; a.ldw = K; a.bias = bias; a.y = y; a.ldy = N;
         const int64_t ld = (N + v.tile_n - 1) / v.tile_n * v.tile_n;

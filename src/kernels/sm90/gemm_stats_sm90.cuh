@@ -33,10 +33,16 @@ using namespace cute;
 // warpgroups share one TileM x TileN tile. Ping-pong: each consumer warpgroup owns a whole tile and
 // the two alternate, so one's epilogue (the y stores and the statistics) overlaps the other's
 // mainloop. The CTA tile fixes the partials format: one slot per (TileM row tile, column).
-template <int TileM_, int TileN_, int ClusterM_, int ClusterN_, bool PingPong_>
+// StreamK (cooperative only): CUTLASS's stream-K tile scheduler, which splits the K loop of some
+// tiles over CTAs so a grid of a fractional number of waves keeps every SM busy; the partial
+// accumulators are summed in a fixed order (deterministic reduction) before the one CTA that owns
+// the tile runs the epilogue, so the statistics see whole tiles as before.
+template <int TileM_, int TileN_, int ClusterM_, int ClusterN_, bool PingPong_, bool StreamK_ = false>
 struct GemmStatsConfig {
   static constexpr int kTileM = TileM_, kTileN = TileN_, kClusterM = ClusterM_, kClusterN = ClusterN_;
   static constexpr bool kPingPong = PingPong_;
+  static constexpr bool kStreamK = StreamK_;
+  static_assert(!(kPingPong && kStreamK), "CUTLASS's stream-K scheduler runs the cooperative kernel only");
 };
 
 // What the library runs (Sm90Tile in gemm_stats_sm90.h): 256x128 cooperative, cluster 2x1, and
@@ -111,8 +117,10 @@ struct GemmStatsKernel {
           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
 
+  using TileScheduler = cute::conditional_t<Config::kStreamK, cutlass::gemm::StreamKScheduler,
+                                            cutlass::gemm::PersistentScheduler>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
-      Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+      Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   using StrideA = typename Gemm::GemmKernel::StrideA;
@@ -198,6 +206,11 @@ Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched,
                                : sched.raster_order == 2 ? Raster::AlongN
                                                          : Raster::Heuristic;
   out.scheduler.max_swizzle_size = sched.max_swizzle;
+  if constexpr (Config::kStreamK) {
+    using Scheduler = typename Gemm::GemmKernel::TileScheduler;
+    out.scheduler.reduction_mode = Scheduler::ReductionMode::Deterministic;  // same bits run to run
+    out.scheduler.decomposition_mode = Scheduler::DecompositionMode::Heuristic;
+  }
   return Status::Ok();
 }
 

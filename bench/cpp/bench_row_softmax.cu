@@ -1,0 +1,128 @@
+// Micro-benchmark of the row softmax [3] (not a test): every built row layout (threads, float4 per
+// thread and row, rows per CTA) on a set of shapes, against a device-to-device copy of y.
+// Two states of y before each timed call: "l2" (y just rewritten, as the GEMM leaves it: partly in
+// L2) and "cold" (L2 flushed by a 256 MiB write). Prints one JSON line per record; "same_bits" says
+// whether the layout's output equals the default layout's bit for bit.
+// Usage: bench_row_softmax [iters] [MxN ...]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "api/forward_steps.h"
+#include "bench_util.cuh"
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
+}
+
+// Median device time of f() over iters calls, each preceded (outside the timing) by before().
+template <class Before, class F>
+float median_ms(Before&& before, F&& f, int iters) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> t;
+  for (int i = 0; i < iters + 3; ++i) {
+    before();
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (i >= 3) t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 30;
+  std::vector<std::array<int64_t, 2>> shapes;
+  for (int i = 2; i < argc; ++i) {
+    long long m, n;
+    if (std::sscanf(argv[i], "%lldx%lld", &m, &n) == 2) shapes.push_back({m, n});
+  }
+  if (shapes.empty()) shapes = {{1024, 8192}, {4096, 8192}, {16384, 8192}, {256, 8192}, {1024, 4096}, {1024, 2048}};
+  const std::vector<fused::cuda::SoftmaxLayout> layouts = fused::cuda::row_softmax_built_layouts();
+  const size_t flush_bytes = size_t(256) << 20;
+  void* flush;
+  check(cudaMalloc(&flush, flush_bytes), "malloc flush");
+  for (const auto& shape : shapes) {
+    const int64_t M = shape[0], N = shape[1];
+    const size_t y_bytes = size_t(M * N) * 4;
+    float *y, *y_src, *shift, *a, *c, *lse;
+    void *out, *want;
+    check(cudaMalloc(&y, y_bytes), "malloc y");
+    check(cudaMalloc(&y_src, y_bytes), "malloc y_src");
+    check(cudaMalloc(&out, y_bytes), "malloc out");
+    check(cudaMalloc(&want, y_bytes), "malloc want");
+    check(cudaMalloc(&shift, N * 4), "malloc shift");
+    check(cudaMalloc(&a, N * 4), "malloc a");
+    check(cudaMalloc(&c, N * 4), "malloc c");
+    check(cudaMalloc(&lse, M * 4), "malloc lse");
+    // y and the coefficients ~ U[0,1), fixed seeds.
+    auto fill = [](float* p, int64_t n, uint32_t seed) {
+      fused::bench::fill_random<<<unsigned((n + 255) / 256), 256>>>(reinterpret_cast<uint32_t*>(p), size_t(n), seed, 0);
+    };
+    fill(y_src, M * N, 17u);
+    fill(shift, N, 29u);
+    fill(a, N, 31u);
+    fill(c, N, 37u);
+    check(cudaMemcpy(y, y_src, y_bytes, cudaMemcpyDeviceToDevice), "copy y");
+    const fused::ColumnAffine affine{shift, a, c};
+    auto rewrite_y = [&] { cudaMemcpyAsync(y, y_src, y_bytes, cudaMemcpyDeviceToDevice); };
+    auto flush_l2 = [&] { cudaMemsetAsync(flush, 0, flush_bytes); };
+    const float copy_ms = median_ms(flush_l2, [&] { cudaMemcpyAsync(out, y_src, y_bytes, cudaMemcpyDeviceToDevice); },
+                                    iters);
+    std::printf("{\"M\":%lld,\"N\":%lld,\"kernel\":\"copy_y\",\"ms\":%.5f,\"gbps\":%.1f}\n", (long long)M,
+                (long long)N, copy_ms, 2.0 * y_bytes / copy_ms / 1e6);
+    for (int out_bf16 = 1; out_bf16 >= 0; --out_bf16) {
+      const fused::ElementType dt = out_bf16 ? fused::ElementType::kBFloat16 : fused::ElementType::kFloat32;
+      const size_t out_bytes = size_t(M * N) * (out_bf16 ? 2 : 4);
+      const fused::cuda::SoftmaxLayout chosen = fused::cuda::row_softmax_layout(M, N);
+      check(cudaMemset(want, 0xff, out_bytes), "poison");
+      if (!fused::cuda::row_softmax(y, N, M, N, affine, want, N, dt, lse, nullptr).ok()) return 1;
+      check(cudaDeviceSynchronize(), "default layout");
+      std::vector<char> h_want(out_bytes), h_got(out_bytes);
+      check(cudaMemcpy(h_want.data(), want, out_bytes, cudaMemcpyDeviceToHost), "copy want");
+      for (const auto& l : layouts) {
+        if (int64_t{l.threads} * 4 * l.vecs < N) continue;
+        if (int64_t{l.threads} * 4 * l.vecs >= 2 * N && l.threads > 128) continue;  // wasteful for this N
+        auto run = [&] {
+          fused::Status s = fused::cuda::row_softmax_with_layout(l, y, N, M, N, affine, out, N, dt, lse, nullptr);
+          if (!s.ok()) { std::fprintf(stderr, "layout: %s\n", s.message); std::exit(1); }
+        };
+        check(cudaMemset(out, 0xff, out_bytes), "poison");
+        run();
+        check(cudaDeviceSynchronize(), "layout run");
+        check(cudaMemcpy(h_got.data(), out, out_bytes, cudaMemcpyDeviceToHost), "copy got");
+        const bool same = std::memcmp(h_got.data(), h_want.data(), out_bytes) == 0;
+        const float l2_ms = median_ms(rewrite_y, run, iters);
+        const float cold_ms = median_ms(flush_l2, run, iters);
+        const double bytes = double(y_bytes + out_bytes);
+        std::printf("{\"M\":%lld,\"N\":%lld,\"out\":\"%s\",\"kernel\":\"softmax_%dx%dx%d\",\"default\":%s,"
+                    "\"same_bits\":%s,\"ms_l2\":%.5f,\"ms_cold\":%.5f,\"gbps_cold\":%.1f,\"of_copy_cold\":%.3f}\n",
+                    (long long)M, (long long)N, out_bf16 ? "bf16" : "fp32", l.threads, l.vecs, l.rows,
+                    (l.threads == chosen.threads && l.vecs == chosen.vecs && l.rows == chosen.rows) ? "true" : "false",
+                    same ? "true" : "false", l2_ms, cold_ms, bytes / cold_ms / 1e6,
+                    (bytes / cold_ms) / (2.0 * y_bytes / copy_ms));
+        std::fflush(stdout);
+      }
+    }
+    cudaFree(y); cudaFree(y_src); cudaFree(out); cudaFree(want); cudaFree(shift); cudaFree(a); cudaFree(c); cudaFree(lse);
+  }
+  cudaFree(flush);
+  return 0;
+}
