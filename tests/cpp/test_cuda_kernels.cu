@@ -261,10 +261,10 @@ TEST(RowSoftmaxGpu, HalfAndBFloat16Outputs) {
   check_softmax<__nv_bfloat16>(2, 50000, 0, ElementType::kBFloat16, 4e-3);
 }
 
-// Every built layout (rows per CTA, threads, float4 per thread) reduces a row in the same order:
-// the same bits as the default layout, on ragged shapes (an odd row count leaves a CTA's last rows
-// empty; N % 4 != 0 with an odd stride takes the scalar loads).
-TEST(RowSoftmaxGpu, EveryLayoutGivesTheDefaultLayoutsBits) {
+// Layouts that differ only in rows per CTA reduce a row in the same order: the same bits as the
+// default layout, on ragged shapes (an odd row count leaves a CTA's last rows empty; N % 4 != 0
+// with an odd stride takes the scalar loads).
+TEST(RowSoftmaxGpu, RowsPerCtaDoNotChangeTheBits) {
   REQUIRE_GPU();
   struct Shape { int64_t M, N, pad; };
   for (const Shape s : {Shape{37, 8190, 2}, Shape{5, 1001, 1}, Shape{1023, 4096, 0}, Shape{3, 2000, 0}}) {
@@ -298,8 +298,9 @@ TEST(RowSoftmaxGpu, EveryLayoutGivesTheDefaultLayoutsBits) {
     std::vector<float> want_lse, got_lse;
     run(nullptr, want, want_lse);
     int compared = 0;
+    const cuda::SoftmaxLayout chosen = cuda::row_softmax_layout(s.M, s.N);
     for (const cuda::SoftmaxLayout& l : cuda::row_softmax_built_layouts()) {
-      if (int64_t{l.threads} * 4 * l.vecs < s.N) continue;
+      if (l.threads != chosen.threads || l.vecs != chosen.vecs || l.rows == chosen.rows) continue;
       run(&l, got, got_lse);
       ++compared;
       for (int64_t i = 0; i < s.M; ++i) {
@@ -309,7 +310,7 @@ TEST(RowSoftmaxGpu, EveryLayoutGivesTheDefaultLayoutsBits) {
             << "row " << i << " layout " << l.threads << "x" << l.vecs << "x" << l.rows;
       }
     }
-    EXPECT_GE(compared, 2) << "N=" << s.N;
+    EXPECT_GE(compared, 1) << "N=" << s.N;
   }
 }
 

@@ -348,18 +348,21 @@ TEST(Sm90GemmStats, LargeMeanInAccumulator) {
 
 // Which bits of an fp32 operand the TF32 tensor cores read. The kernel hands them raw fp32 (TMA
 // copies, no conversion), so the 13 mantissa bits TF32 lacks are either ignored (truncation toward
-// zero) or rounded away. A 3xTF32 split with a truncated big part (fused::tf32::split_toward_zero)
-// can use the raw tile as its big part only if they are ignored: x = +-(1 + 0.75 * 2^-10) times
-// W = 1 gives +-1 when truncated, +-(1 + 2^-10) when rounded. Also printed (not asserted): whether
-// a TF32 subnormal operand (2^-130) is flushed to zero.
-TEST(Sm90GemmStats, Tf32TensorCoresTruncateRawFp32Operands) {
+// zero) or rounded away. Measured on the H200: rounded to nearest (1 + 0.75 * 2^-10 reads as
+// 1 + 2^-10). A 3xTF32 split can take the raw tile as its big part only if its own rounding is the
+// hardware's: round to nearest (fused::tf32::split_nearest), not toward zero. Printed, not asserted:
+// how ties round, and whether a TF32 subnormal operand (2^-130) is flushed to zero.
+TEST(Sm90GemmStats, Tf32TensorCoresRoundRawFp32OperandsToNearest) {
   SKIP_UNLESS_SM90();
-  const int64_t M = 4, N = 8, K = 32;
+  const int64_t M = 8, N = 8, K = 32;
   std::vector<float> x(M * K, 0.0f), w(N * K, 0.0f), y(M * N, 0.0f);
-  const float above_one = 1.0f + 0.75f * std::ldexp(1.0f, -10);
-  x[0 * K] = above_one;
-  x[1 * K] = -above_one;
+  const float ulp = std::ldexp(1.0f, -10);  // TF32's at 1
+  x[0 * K] = 1.0f + 0.75f * ulp;
+  x[1 * K] = -(1.0f + 0.75f * ulp);
   x[2 * K] = std::ldexp(1.0f, -130);  // subnormal, TF32-representable (bit 19 of the mantissa)
+  x[3 * K] = 1.0f + 0.25f * ulp;
+  x[4 * K] = 1.0f + 0.5f * ulp;   // tie: even is 1
+  x[5 * K] = 1.0f + 1.5f * ulp;   // tie: even is 1 + 2 ulp
   w[0 * K] = 1.0f;
   w[1 * K] = std::ldexp(1.0f, 100);
   DeviceBuffer<float> dx(x.size()), dw(w.size()), dy(y.size());
@@ -377,8 +380,13 @@ TEST(Sm90GemmStats, Tf32TensorCoresTruncateRawFp32Operands) {
   ASSERT_TRUE(st.ok()) << st.message;
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaMemcpy(y.data(), dy.ptr, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  EXPECT_EQ(y[0 * N + 0], 1.0f) << "rounded instead of truncated: " << y[0 * N + 0];
-  EXPECT_EQ(y[1 * N + 0], -1.0f) << "rounded instead of truncated: " << y[1 * N + 0];
+  EXPECT_EQ(y[0 * N + 0], 1.0f + ulp) << "not rounded to nearest: " << y[0 * N + 0];
+  EXPECT_EQ(y[1 * N + 0], -(1.0f + ulp)) << "not rounded to nearest: " << y[1 * N + 0];
+  EXPECT_EQ(y[3 * N + 0], 1.0f) << "not rounded to nearest: " << y[3 * N + 0];
+  std::printf("TF32 operand ties: 1 + 0.5 ulp -> 1 + %g ulp, 1 + 1.5 ulp -> 1 + %g ulp (%s)\n",
+              (y[4 * N + 0] - 1.0f) / ulp, (y[5 * N + 0] - 1.0f) / ulp,
+              y[4 * N + 0] == 1.0f && y[5 * N + 0] == 1.0f + 2 * ulp ? "to even"
+              : y[4 * N + 0] == 1.0f + ulp && y[5 * N + 0] == 1.0f + 2 * ulp ? "away from zero" : "other");
   const float subnormal_product = y[2 * N + 1];
   std::printf("TF32 subnormal operand 2^-130 * 2^100 = %g (%s)\n", subnormal_product,
               subnormal_product == 0.0f ? "flushed to zero" : "kept");
