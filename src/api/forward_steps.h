@@ -36,18 +36,20 @@ Status column_moments(const ColumnStatsPartials& partials, int64_t M, int64_t N,
 // [3] out = softmax(a * (y - shift) + c) and each row's log-normaliser (row_lse may be null).
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
                    int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream);
-// How [3] lays rows over CTAs: `threads` per CTA, `vecs` float4 per thread and row (the row held in
-// registers), `rows` per CTA; threads == 0: the streaming kernel for rows too wide for registers.
+// How [3] lays a row over a CTA: `threads`, `vecs` float4 per thread (the row held in registers);
+// `staged`: persistent CTAs, each next row brought into shared memory by a bulk copy (sm90, 16-byte
+// aligned rows, N % 4 == 0); threads == 0: the streaming kernel for rows too wide for registers.
 struct SoftmaxLayout {
   int threads = 0;
   int vecs = 0;
-  int rows = 1;
+  bool staged = false;
 };
-// The layout row_softmax uses for an (M, N) problem.
+// The layout row_softmax uses for an (M, N) problem (it runs unstaged where staging cannot).
 SoftmaxLayout row_softmax_layout(int64_t M, int64_t N);
 // Every layout built (row_softmax_with_layout runs these).
 std::vector<SoftmaxLayout> row_softmax_built_layouts();
-// row_softmax with a given layout (benchmarks, tests); kNotSupported for a layout that is not built.
+// row_softmax with a given layout (benchmarks, tests); kNotSupported for a layout that is not built
+// or a staged one the rows do not allow.
 Status row_softmax_with_layout(const SoftmaxLayout& layout, const float* y, int64_t ldy, int64_t M, int64_t N,
                                const ColumnAffine& affine, void* out, int64_t ldo, ElementType dtype, float* row_lse,
                                cudaStream_t stream);

@@ -261,13 +261,14 @@ TEST(RowSoftmaxGpu, HalfAndBFloat16Outputs) {
   check_softmax<__nv_bfloat16>(2, 50000, 0, ElementType::kBFloat16, 4e-3);
 }
 
-// Layouts that differ only in rows per CTA reduce a row in the same order: the same bits as the
-// default layout, on ragged shapes (an odd row count leaves a CTA's last rows empty; N % 4 != 0
-// with an odd stride takes the scalar loads).
-TEST(RowSoftmaxGpu, RowsPerCtaDoNotChangeTheBits) {
+// The staged kernel (persistent CTAs, rows brought in by bulk copies) and the one-CTA-per-row kernel
+// reduce a row over the same threads in the same order: the same bits, on ragged shapes (rows
+// not a multiple of the grid; odd N and unaligned strides, where the staged layout falls back).
+TEST(RowSoftmaxGpu, StagedAndUnstagedGiveTheSameBits) {
   REQUIRE_GPU();
   struct Shape { int64_t M, N, pad; };
-  for (const Shape s : {Shape{37, 8190, 2}, Shape{5, 1001, 1}, Shape{1023, 4096, 0}, Shape{3, 2000, 0}}) {
+  for (const Shape s : {Shape{37, 8188, 4}, Shape{5, 1001, 1}, Shape{1023, 4096, 0}, Shape{3, 2000, 0},
+                        Shape{2001, 8192, 0}, Shape{300, 512, 0}, Shape{9, 8190, 2}}) {
     const auto y = test::random_columns(s.M, s.N, 5.0, 7 + s.N);
     const int64_t ld = s.N + s.pad;
     std::vector<float> y_strided(s.M * ld, 0.f);
@@ -299,18 +300,28 @@ TEST(RowSoftmaxGpu, RowsPerCtaDoNotChangeTheBits) {
     run(nullptr, want, want_lse);
     int compared = 0;
     const cuda::SoftmaxLayout chosen = cuda::row_softmax_layout(s.M, s.N);
+    int major = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    const bool can_stage = major >= 9 && s.N % 4 == 0 && ld % 4 == 0;
     for (const cuda::SoftmaxLayout& l : cuda::row_softmax_built_layouts()) {
-      if (l.threads != chosen.threads || l.vecs != chosen.vecs || l.rows == chosen.rows) continue;
+      if (l.threads != chosen.threads || l.vecs != chosen.vecs) continue;
+      if (l.staged && !can_stage) {  // refused, not run unstaged
+        DeviceBuf<__nv_bfloat16> dout(s.M * ld);
+        EXPECT_EQ(cuda::row_softmax_with_layout(l, dy.ptr, ld, s.M, s.N, affine, dout.ptr, ld, ElementType::kBFloat16,
+                                                nullptr, nullptr).code,
+                  StatusCode::kNotSupported);
+        continue;
+      }
       run(&l, got, got_lse);
       ++compared;
       for (int64_t i = 0; i < s.M; ++i) {
         ASSERT_EQ(0, std::memcmp(&got_lse[i], &want_lse[i], sizeof(float))) << "row " << i << " layout " << l.threads
-                                                                            << "x" << l.vecs << "x" << l.rows;
+                                                                            << "x" << l.vecs << " staged " << l.staged;
         ASSERT_EQ(0, std::memcmp(&got[i * ld], &want[i * ld], s.N * sizeof(__nv_bfloat16)))
-            << "row " << i << " layout " << l.threads << "x" << l.vecs << "x" << l.rows;
+            << "row " << i << " layout " << l.threads << "x" << l.vecs << " staged " << l.staged;
       }
     }
-    EXPECT_GE(compared, 1) << "N=" << s.N;
+    EXPECT_GE(compared, 1) << "N=" << s.N;  // the default layout itself, and the other one where it can run
   }
 }
 

@@ -32,38 +32,6 @@ __device__ __forceinline__ float block_reduce(float v, float* smem) {
   return v;
 }
 
-// The same reduction of kRows values at once (one pair of barriers): v[r] becomes what
-// block_reduce would give for v[r] alone. smem holds >= 32 * kRows floats.
-template <int kThreads, bool kMax, int kRows>
-__device__ __forceinline__ void block_reduce_rows(float (&v)[kRows], float* smem) {
-  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
-  constexpr int kWarps = kThreads / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, v[r], o);
-      v[r] = kMax ? fmaxf(v[r], other) : v[r] + other;
-    }
-  }
-  __syncthreads();  // smem may still be read by a previous reduction
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) smem[r * 32 + warp] = v[r];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    v[r] = lane < kWarps ? smem[r * 32 + lane] : (kMax ? -CUDART_INF_F : 0.f);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, v[r], o);
-      v[r] = kMax ? fmaxf(v[r], other) : v[r] + other;
-    }
-  }
-}
-
 template <int kThreads>
 __device__ __forceinline__ float block_sum(float v, float* smem) {
   return block_reduce<kThreads, false>(v, smem);

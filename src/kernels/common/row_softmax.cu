@@ -1,26 +1,35 @@
 // [3] Row softmax of the BatchNorm logits: out[i, :] = softmax(a * (y[i, :] - shift) + c).
 //
 // Rows up to 1024 * 4 * 8 elements stay in registers: one read of y, one write of out, 16-byte
-// loads; a CTA takes one row or a few (row_softmax_layout() decides). Wider rows (up to any N) take
-// the streaming kernel: an online max/sum pass, then a pass that re-reads y (mostly from L2) and
-// writes out. Every kernel also writes the row's
-// log-normaliser for the backward, and is launched as a programmatic dependent of finalize
-// (kernels/common/pdl.cuh).
-// (A persistent variant that kept the folded coefficients in registers and walked rows two at a
-// time measured slower on the H200: 23.7 vs 18.8 us at 1024x8192, one 1024-thread CTA per SM
-// hides too little latency.)
+// accesses. Two kernels hold them:
+//  - staged (sm90, 16-byte aligned rows of N % 4 == 0, N <= 8192): persistent CTAs; one bulk copy
+//    (TMA) brings a CTA's next row of y into shared memory while the CTA reduces, exponentiates and
+//    stores the row it holds in registers, so every SM keeps y's loads in flight between rows;
+//  - in registers (everything else): one CTA per row, its loads issued at once.
+// Wider rows (up to any N) take the streaming kernel: an online max/sum pass, then a pass that
+// re-reads y (mostly from L2) and writes out. Every kernel also writes the row's log-normaliser for
+// the backward, and is launched as a programmatic dependent of finalize (kernels/common/pdl.cuh).
+// The layouts reduce a row over the same threads in the same order: row_softmax_layout() picks
+// between them freely, the bits do not change.
+// (Measured slower on the H200 and removed: a persistent CTA of 1024 threads keeping the folded
+// coefficients in registers, 23.7 vs 18.8 us at 1024x8192; CTAs of 2 or 4 rows sharing one load of
+// the coefficients, 28 vs 21 us: the coefficients come from L1, and fewer CTAs hide less latency.)
 // The row max is subtracted; NaN and +-inf propagate as in torch.softmax. expf (not the
 // approximate __expf) keeps exact-fp32 mode within 1e-5; the kernel is memory-bound anyway.
+#include <algorithm>
+#include <atomic>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-
 
 #include "api/forward_steps.h"
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
 #include "kernels/common/block_reduce.cuh"
-#include "util/cuda_check.h"
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/pdl.cuh"
+#include "util/cuda_check.h"
+#include "util/device_info.h"
 
 namespace fused::cuda {
 namespace {
@@ -41,7 +50,6 @@ struct OutConvert<__half> {
 };
 
 using util::block_reduce;
-using util::block_reduce_rows;
 
 // The folded coefficients of 4 columns starting at col (col % 4 == 0); columns >= N give 0.
 struct Coefs4 {
@@ -62,14 +70,15 @@ __device__ __forceinline__ Coefs4 load_coefs(const ColumnAffine& f, int64_t col,
   return {make_float4(s[0], s[1], s[2], s[3]), make_float4(a[0], a[1], a[2], a[3]), make_float4(c[0], c[1], c[2], c[3])};
 }
 
+__device__ __forceinline__ float4 logits4(float4 y4, const Coefs4& k) {
+  return make_float4(detail::bn_logit(y4.x, k.shift.x, k.a.x, k.c.x), detail::bn_logit(y4.y, k.shift.y, k.a.y, k.c.y),
+                     detail::bn_logit(y4.z, k.shift.z, k.a.z, k.c.z), detail::bn_logit(y4.w, k.shift.w, k.a.w, k.c.w));
+}
+
 // The 4 logits of one row at column col; columns >= N give -inf.
 template <bool kVec>
 __device__ __forceinline__ float4 logits(const float* __restrict__ yrow, int64_t col, int64_t N, const Coefs4& k) {
-  if (kVec && col + 4 <= N) {
-    const float4 y4 = *reinterpret_cast<const float4*>(yrow + col);
-    return make_float4(detail::bn_logit(y4.x, k.shift.x, k.a.x, k.c.x), detail::bn_logit(y4.y, k.shift.y, k.a.y, k.c.y),
-                       detail::bn_logit(y4.z, k.shift.z, k.a.z, k.c.z), detail::bn_logit(y4.w, k.shift.w, k.a.w, k.c.w));
-  }
+  if (kVec && col + 4 <= N) return logits4(*reinterpret_cast<const float4*>(yrow + col), k);
   const float s[4] = {k.shift.x, k.shift.y, k.shift.z, k.shift.w}, a[4] = {k.a.x, k.a.y, k.a.z, k.a.w},
               c[4] = {k.c.x, k.c.y, k.c.z, k.c.w};
   float v[4];
@@ -109,67 +118,86 @@ __device__ __forceinline__ void store4(TOut* __restrict__ orow, int64_t col, int
 
 __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
 
-// Rows held in registers: kRows rows per CTA, kVecs float4 per thread and row. Each thread loads
-// the coefficients of its columns once for the CTA's kRows rows: at one row per CTA they are three
-// times the bytes of y. A row's reductions run in the same order whatever kRows, so the results
-// are the same bits.
-template <int kThreads, int kVecs, int kRows, bool kVec, class TOut>
-__global__ void __launch_bounds__(kThreads)
-    softmax_rows_in_registers(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
-                              TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse) {
-  __shared__ float smem[kRows][32];
-  util::wait_for_prerequisites();
-  util::allow_dependents_to_launch();
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const float4 empty = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-  float4 z[kRows][kVecs];
-  float mx[kRows];
+// The second half of a row held in registers (kVecs float4 per thread, this thread's max so far):
+// the row max and sum over the CTA, the log-normaliser, and out. Columns >= N hold -inf.
+template <int kThreads, int kVecs, bool kVec, class TOut>
+__device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float mx, int64_t row, int64_t N, TOut* __restrict__ out,
+                                           int64_t ldo, float* __restrict__ row_lse, float* smem) {
+  mx = block_reduce<kThreads, true>(mx, smem);
+  float sum = 0.f;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) mx[r] = -INFINITY;
+  for (int v = 0; v < kVecs; ++v) {
+    z[v].x = expf(z[v].x - mx);
+    z[v].y = expf(z[v].y - mx);
+    z[v].z = expf(z[v].z - mx);
+    z[v].w = expf(z[v].w - mx);
+    sum += (z[v].x + z[v].y) + (z[v].z + z[v].w);
+  }
+  sum = block_reduce<kThreads, false>(sum, smem);
+  if (row_lse != nullptr && threadIdx.x == 0) row_lse[row] = detail::log_normaliser(mx, sum);
+  const float inv = 1.f / sum;
+  TOut* orow = out + row * ldo;
 #pragma unroll
   for (int v = 0; v < kVecs; ++v) {
     const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-    if (col < N) {
-      const Coefs4 k = load_coefs<kVec>(f, col, N);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        z[r][v] = row0 + r < M ? logits<kVec>(y + (row0 + r) * ldy, col, N, k) : empty;
-    } else {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) z[r][v] = empty;
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) mx[r] = fmaxf(mx[r], max4(z[r][v]));
+    if (col < N)
+      store4<kVec>(orow, col, N, make_float4(z[v].x * inv, z[v].y * inv, z[v].z * inv, z[v].w * inv));
   }
-  block_reduce_rows<kThreads, true, kRows>(mx, &smem[0][0]);
-  float sum[kRows];
+}
+
+// One CTA per row, held in registers: kVecs float4 per thread.
+template <int kThreads, int kVecs, bool kVec, class TOut>
+__global__ void __launch_bounds__(kThreads)
+    softmax_rows_in_registers(const float* __restrict__ y, int64_t ldy, int64_t N, ColumnAffine f,
+                              TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse) {
+  __shared__ float smem[32];
+  util::wait_for_prerequisites();
+  util::allow_dependents_to_launch();
+  const int64_t row = blockIdx.x;
+  const float* yrow = y + row * ldy;
+  float4 z[kVecs];
+  float mx = -INFINITY;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    sum[r] = 0.f;
-    if (row0 + r >= M) continue;  // the same for the whole CTA
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      z[r][v].x = expf(z[r][v].x - mx[r]);
-      z[r][v].y = expf(z[r][v].y - mx[r]);
-      z[r][v].z = expf(z[r][v].z - mx[r]);
-      z[r][v].w = expf(z[r][v].w - mx[r]);
-      sum[r] += (z[r][v].x + z[r][v].y) + (z[r][v].z + z[r][v].w);
-    }
+  for (int v = 0; v < kVecs; ++v) {
+    const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
+    z[v] = col < N ? load_logits<kVec>(yrow, col, N, f) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    mx = fmaxf(mx, max4(z[v]));
   }
-  block_reduce_rows<kThreads, false, kRows>(sum, &smem[0][0]);
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t row = row0 + r;
-    if (row >= M) continue;
-    if (row_lse != nullptr && threadIdx.x == 0) row_lse[row] = detail::log_normaliser(mx[r], sum[r]);
-    const float inv = 1.f / sum[r];
-    TOut* orow = out + row * ldo;
+  finish_row<kThreads, kVecs, kVec>(z, mx, row, N, out, ldo, row_lse, smem);
+}
+
+// Persistent CTAs walking rows blockIdx.x, + gridDim.x, ...; each row of y arrives in shared memory
+// by one bulk copy, issued as soon as the previous row has moved into registers. sm90 only; rows
+// 16-byte aligned, N % 4 == 0 (whole float4, bulk-copy sizes), N <= kThreads * kVecs * 4.
+template <int kThreads, int kVecs, class TOut>
+__global__ void __launch_bounds__(kThreads)
+    softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
+                        TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse) {
+  __shared__ alignas(16) float4 row_buffer[kThreads * kVecs];
+  __shared__ alignas(8) uint64_t row_landed;
+  __shared__ float smem[32];
+  const uint32_t row_bytes = static_cast<uint32_t>(N) * 4u;
+  if (threadIdx.x == 0) util::mbarrier_init(&row_landed, 1);
+  __syncthreads();
+  util::wait_for_prerequisites();
+  util::allow_dependents_to_launch();
+  int64_t row = blockIdx.x;
+  if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy, row_bytes, &row_landed);
+  for (uint32_t phase = 0; row < M; row += gridDim.x, phase ^= 1u) {
+    util::mbarrier_wait(&row_landed, phase);
+    float4 z[kVecs];
+    float mx = -INFINITY;
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      if (col < N)
-        store4<kVec>(orow, col, N, make_float4(z[r][v].x * inv, z[r][v].y * inv, z[r][v].z * inv, z[r][v].w * inv));
+      z[v] = col < N ? logits4(row_buffer[v * kThreads + threadIdx.x], load_coefs<true>(f, col, N))
+                     : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      mx = fmaxf(mx, max4(z[v]));
     }
+    __syncthreads();  // every thread has its part of the row: the buffer takes the next one
+    const int64_t next = row + gridDim.x;
+    if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy, row_bytes, &row_landed);
+    finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, row_lse, smem);
   }
 }
 
@@ -207,67 +235,130 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The registers kernel holding kVecs float4 per thread and row, kThreads threads, kRows rows per CTA.
-template <int kThreads, int kVecs, int kRows, bool kVec, class TOut>
-Status launch_in_registers(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out,
-                           int64_t ldo, float* row_lse, cudaStream_t stream) {
-  static_assert(kThreads * 4 * kVecs >= 512, "");
-  const dim3 grid(static_cast<unsigned>((M + kRows - 1) / kRows));
-  return util::launch_dependent(softmax_rows_in_registers<kThreads, kVecs, kRows, kVec, TOut>, grid, kThreads, 0,
-                                stream, "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse);
+// The layouts built: (threads, float4 per thread, staged). row_softmax_layout() picks among them.
+#define FUSED_SOFTMAX_LAYOUTS(X) \
+  X(128, 1) X(256, 2) X(256, 4) X(256, 8) X(512, 8) X(1024, 8)
+#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(256, 8)
+
+// CTAs of a staged kernel resident per SM (for its persistent grid), per device; 0 on failure.
+template <int kThreads, int kVecs, class TOut>
+int staged_ctas_per_sm(int device) {
+  static std::atomic<int> cache[util::kMaxCachedDevices] = {};
+  const bool cacheable = device >= 0 && device < util::kMaxCachedDevices;
+  if (cacheable && cache[device].load(std::memory_order_relaxed) > 0) return cache[device].load(std::memory_order_relaxed);
+  int ctas = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, TOut>, kThreads, 0) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (cacheable && ctas > 0) cache[device].store(ctas, std::memory_order_relaxed);
+  return ctas;
 }
 
-// The layouts built (row_softmax_layout() picks among them; benchmarks may ask for any).
-#define FUSED_SOFTMAX_LAYOUTS(X) \
-  X(128, 1, 1) X(256, 2, 1) X(256, 4, 1) X(256, 8, 1) X(512, 8, 1) X(1024, 8, 1) \
-  X(256, 2, 4) X(256, 4, 2) X(256, 4, 4) X(256, 8, 2) X(512, 4, 2) X(512, 4, 4)
+template <int kThreads, int kVecs, class TOut>
+Status launch_staged(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out, int64_t ldo,
+                     float* row_lse, cudaStream_t stream) {
+  const int device = util::detail::current_device();
+  int sms = 0;
+  FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
+  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, TOut>(device);
+  if (per_sm <= 0) return {StatusCode::kCudaError, "row_softmax: occupancy query failed"};
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(M, int64_t{sms} * per_sm)));
+  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, TOut>, grid, kThreads, 0, stream,
+                                "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse);
+}
 
 template <bool kVec, class TOut>
 Status launch_typed(const SoftmaxLayout& l, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
                     TOut* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
+  const dim3 rows(static_cast<unsigned>(M));
   if (l.threads == 0)
-    return util::launch_dependent(softmax_rows_streaming<1024, kVec, TOut>, dim3(static_cast<unsigned>(M)), 1024, 0,
-                                  stream, "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse);
+    return util::launch_dependent(softmax_rows_streaming<1024, kVec, TOut>, rows, 1024, 0, stream,
+                                  "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse);
   if (int64_t{l.threads} * 4 * l.vecs < N)
     return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
-#define FUSED_SOFTMAX_CASE(T, V, R)                                                                    \
-  if (l.threads == T && l.vecs == V && l.rows == R)                                                  \
-    return launch_in_registers<T, V, R, kVec>(y, ldy, M, N, f, out, ldo, row_lse, stream);
+  if (l.staged) {
+    if constexpr (kVec) {
+#define FUSED_SOFTMAX_STAGED_CASE(T, V) \
+  if (l.threads == T && l.vecs == V) return launch_staged<T, V>(y, ldy, M, N, f, out, ldo, row_lse, stream);
+      FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_STAGED_CASE)
+#undef FUSED_SOFTMAX_STAGED_CASE
+    }
+    return {StatusCode::kNotSupported, "row_softmax: staged layout not built"};
+  }
+#define FUSED_SOFTMAX_CASE(T, V)                                                                              \
+  if (l.threads == T && l.vecs == V)                                                                        \
+    return util::launch_dependent(softmax_rows_in_registers<T, V, kVec, TOut>, rows, T, 0, stream,           \
+                                  "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse);
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_CASE)
 #undef FUSED_SOFTMAX_CASE
   return {StatusCode::kNotSupported, "row_softmax: layout not built"};
 }
 
+// 16-byte loads need every row of y and the column vectors 16-byte aligned; 4-wide stores need out
+// rows aligned to 4 elements.
 template <class TOut>
-Status launch(const SoftmaxLayout& l, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
-              void* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
-  // 16-byte loads need every row of y and the column vectors 16-byte aligned; 4-wide stores
-  // need out rows aligned to 4 elements.
-  const bool vec = ldy % 4 == 0 && ldo % 4 == 0 && util::aligned16(y) && util::aligned16(f.shift) && util::aligned16(f.a) &&
-                   util::aligned16(f.c) && (reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut))) == 0;
+bool vector_aligned(const float* y, int64_t ldy, const ColumnAffine& f, const void* out, int64_t ldo) {
+  return ldy % 4 == 0 && ldo % 4 == 0 && util::aligned16(y) && util::aligned16(f.shift) && util::aligned16(f.a) &&
+         util::aligned16(f.c) && (reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut))) == 0;
+}
+
+template <class TOut>
+Status launch(SoftmaxLayout l, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N,
+              const ColumnAffine& f, void* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
+  const bool vec = vector_aligned<TOut>(y, ldy, f, out, ldo);
+  if (l.staged) {
+    int major = 0;
+    const bool sm90 = util::compute_capability_major(util::detail::current_device(), major).ok() && major >= 9;
+    if (!(sm90 && vec && N % 4 == 0)) {  // what the bulk copies need
+      if (!fit_layout) return {StatusCode::kNotSupported, "row_softmax: staged layout needs sm90 and aligned rows"};
+      l.staged = false;
+    }
+  }
   auto* o = static_cast<TOut*>(out);
   return vec ? launch_typed<true>(l, y, ldy, M, N, f, o, ldo, row_lse, stream)
              : launch_typed<false>(l, y, ldy, M, N, f, o, ldo, row_lse, stream);
+}
+
+Status dispatch(const SoftmaxLayout& layout, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N,
+                const ColumnAffine& affine, void* out, int64_t ldo, ElementType dtype, float* row_lse,
+                cudaStream_t stream) {
+  if (M == 0 || N == 0) return Status::Ok();
+  if (M > 0x7fffffff) return {StatusCode::kNotSupported, "row_softmax: more than 2^31-1 rows"};
+  switch (dtype) {
+    case ElementType::kFloat32:
+      return launch<float>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
+    case ElementType::kBFloat16:
+      return launch<__nv_bfloat16>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
+    case ElementType::kFloat16:
+      return launch<__half>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
+  }
+  return {StatusCode::kInvalidArgument, "row_softmax: unknown dtype"};
 }
 
 }  // namespace
 
 SoftmaxLayout row_softmax_layout(int64_t M, int64_t N) {
   (void)M;
-  // One CTA per row, the row in registers while kThreads * 4 * kVecs >= N; wider rows stream.
-  if (N <= 128 * 4 * 1) return {128, 1, 1};
-  if (N <= 256 * 4 * 2) return {256, 2, 1};
-  if (N <= 256 * 4 * 4) return {256, 4, 1};
-  if (N <= 256 * 4 * 8) return {256, 8, 1};
-  if (N <= 512 * 4 * 8) return {512, 8, 1};
-  if (N <= 1024 * 4 * 8) return {1024, 8, 1};
-  return {0, 0, 1};
+  // The row in registers while threads * 4 * vecs >= N; staged where the bulk copies can bring it
+  // (row_softmax falls back to unstaged where they cannot); wider rows stream.
+  if (N <= 128 * 4 * 1) return {128, 1, true};
+  if (N <= 256 * 4 * 2) return {256, 2, true};
+  if (N <= 256 * 4 * 4) return {256, 4, true};
+  if (N <= 256 * 4 * 8) return {256, 8, true};
+  if (N <= 512 * 4 * 8) return {512, 8, false};
+  if (N <= 1024 * 4 * 8) return {1024, 8, false};
+  return {0, 0, false};
 }
 
 std::vector<SoftmaxLayout> row_softmax_built_layouts() {
   std::vector<SoftmaxLayout> layouts;
-#define FUSED_SOFTMAX_LIST(T, V, R) layouts.push_back({T, V, R});
+#define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, false});
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_LIST)
+#undef FUSED_SOFTMAX_LIST
+#define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, true});
+  FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
   return layouts;
 }
@@ -275,22 +366,13 @@ std::vector<SoftmaxLayout> row_softmax_built_layouts() {
 Status row_softmax_with_layout(const SoftmaxLayout& layout, const float* y, int64_t ldy, int64_t M, int64_t N,
                                const ColumnAffine& affine, void* out, int64_t ldo, ElementType dtype, float* row_lse,
                                cudaStream_t stream) {
-  if (M == 0 || N == 0) return Status::Ok();
-  if (M > 0x7fffffff) return {StatusCode::kNotSupported, "row_softmax: more than 2^31-1 rows"};
-  switch (dtype) {
-    case ElementType::kFloat32:
-      return launch<float>(layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
-    case ElementType::kBFloat16:
-      return launch<__nv_bfloat16>(layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
-    case ElementType::kFloat16:
-      return launch<__half>(layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
-  }
-  return {StatusCode::kInvalidArgument, "row_softmax: unknown dtype"};
+  return dispatch(layout, /*fit_layout=*/false, y, ldy, M, N, affine, out, ldo, dtype, row_lse, stream);
 }
 
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
                    int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream) {
-  return row_softmax_with_layout(row_softmax_layout(M, N), y, ldy, M, N, affine, out, ldo, dtype, row_lse, stream);
+  return dispatch(row_softmax_layout(M, N), /*fit_layout=*/true, y, ldy, M, N, affine, out, ldo, dtype, row_lse,
+                  stream);
 }
 
 }  // namespace fused::cuda
