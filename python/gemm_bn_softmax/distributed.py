@@ -26,6 +26,8 @@ an all_reduce of dx.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Optional
 
 import torch
@@ -45,13 +47,33 @@ def needs_sync(process_group, training: bool) -> bool:
     return dist.get_world_size(process_group) > 1
 
 
+@functools.lru_cache(maxsize=None)
+def _blocking_allgather_options():
+    """What all_gather_into_tensor(async_op=False) passes to the process group: on recent torch,
+    NCCL then runs the collective on the current stream instead of its own."""
+    from torch.distributed.distributed_c10d import AllgatherOptions
+
+    opts = AllgatherOptions()
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
+    return opts
+
+
 def _all_gather(record: torch.Tensor, group) -> torch.Tensor:
-    """(world_size, len(record)): every rank's record in rank order. One flat buffer (NCCL and gloo
-    both gather into one tensor), viewed as rows afterwards: torch.compile (2.11) refuses a 2-D
-    output buffer for this collective."""
-    world = dist.get_world_size(group)
+    """(world_size, len(record)): every rank's record in rank order, gathered into one flat buffer
+    (NCCL and gloo both do that) and viewed as rows; torch.compile (2.11) refuses a 2-D buffer."""
+    world = group.size()
     out = record.new_empty(world * record.numel())
-    dist.all_gather_into_tensor(out, record.contiguous(), group=group)
+    if torch.compiler.is_compiling():  # the call torch.compile knows how to trace
+        dist.all_gather_into_tensor(out, record.contiguous(), group=group)
+    else:
+        # The process group's own call, which all_gather_into_tensor makes after its Python checks
+        # (about 60 us of host time per call on the H200 pair, where the loop is bound by the host).
+        # NCCL (asyncOp=False) runs it on the current stream and returns no Work; a backend that
+        # returns one (gloo) is waited on, which orders what follows after the collective.
+        work = group._allgather_base(out, record.contiguous(), _blocking_allgather_options())
+        if work is not None:
+            work.wait()
     return out.view(world, record.numel())
 
 
@@ -131,7 +153,10 @@ def sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, runn
     """The training forward with statistics over every rank of ``process_group`` (see the module
     docstring); the functional API's ``gemm_bn_softmax(..., process_group=)`` calls this."""
     compute_dtype, out_dtype = _autocast_dtypes(x, scale, compute_dtype, out_dtype)
-    with torch.autocast(x.device.type, enabled=False):
+    # (autocast is switched off inside only where it is on: entering the context costs host time)
+    autocast_off = torch.autocast(x.device.type, enabled=False) if torch.is_autocast_enabled(x.device.type) \
+        else contextlib.nullcontext()
+    with autocast_off:
         out = _SyncGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var,
                                        num_batches_tracked, momentum, eps, precision, path, compute_dtype,
                                        out_dtype, process_group)

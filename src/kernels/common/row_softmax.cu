@@ -13,7 +13,8 @@
 // between them freely, the bits do not change.
 // (Measured slower on the H200 and removed: a persistent CTA of 1024 threads keeping the folded
 // coefficients in registers, 23.7 vs 18.8 us at 1024x8192; CTAs of 2 or 4 rows sharing one load of
-// the coefficients, 28 vs 21 us: the coefficients come from L1, and fewer CTAs hide less latency.)
+// the coefficients, 28 vs 21 us: the coefficients come from L1, and fewer CTAs hide less latency;
+// 1024 threads x 2 float4 at N = 8192, 13-60 % slower than 512 x 4.)
 // The row max is subtracted; NaN and +-inf propagate as in torch.softmax. expf (not the
 // approximate __expf) keeps exact-fp32 mode within 1e-5; the kernel is memory-bound anyway.
 #include <algorithm>
@@ -236,9 +237,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The layouts built: (threads, float4 per thread, staged). row_softmax_layout() picks among them.
-#define FUSED_SOFTMAX_LAYOUTS(X) \
-  X(128, 1) X(256, 2) X(256, 4) X(256, 8) X(512, 4) X(1024, 2) X(512, 8) X(1024, 8)
-#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(256, 8) X(512, 4) X(1024, 2)
+#define FUSED_SOFTMAX_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4) X(512, 8) X(1024, 8)
+#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4)
 
 // CTAs of a staged kernel resident per SM (for its persistent grid), per device; 0 on failure.
 template <int kThreads, int kVecs, class TOut>
@@ -256,12 +256,10 @@ int staged_ctas_per_sm(int device) {
   return ctas;
 }
 
-// Staging pays once a CTA walks several rows (measured on the H200 at N = 8192: 10-14 % faster from
-// about 8 rows per CTA, level at 2, slower at 1, where only the mbarrier round trip is added).
-constexpr int64_t kMinStagedRowsPerCta = 4;
-
 // The staged kernel's persistent launch; with `only_if_worth_it`, the one-CTA-per-row kernel instead
-// when the grid would give a CTA fewer than kMinStagedRowsPerCta rows.
+// when the rows do not fill the resident CTAs once: staging pays once a CTA walks several rows
+// (H200, 512x4 at N = 8192, bf16 out: 19 % faster at 8 rows per CTA, level at 2, 30 % slower at
+// 1/2, where only the mbarrier round trip is added).
 template <int kThreads, int kVecs, class TOut>
 Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
                      TOut* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
@@ -271,7 +269,7 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
   const int per_sm = staged_ctas_per_sm<kThreads, kVecs, TOut>(device);
   if (per_sm <= 0) return {StatusCode::kCudaError, "row_softmax: occupancy query failed"};
   const int64_t resident = int64_t{sms} * per_sm;
-  if (only_if_worth_it && M < kMinStagedRowsPerCta * resident)
+  if (only_if_worth_it && M < resident)
     return util::launch_dependent(softmax_rows_in_registers<kThreads, kVecs, true, TOut>,
                                   dim3(static_cast<unsigned>(M)), kThreads, 0, stream, "row_softmax kernel launch", y,
                                   ldy, N, f, out, ldo, row_lse);
@@ -358,7 +356,9 @@ SoftmaxLayout row_softmax_layout(int64_t M, int64_t N) {
   if (N <= 128 * 4 * 1) return {128, 1, true};
   if (N <= 256 * 4 * 2) return {256, 2, true};
   if (N <= 256 * 4 * 4) return {256, 4, true};
-  if (N <= 256 * 4 * 8) return {256, 8, true};
+  // 512 threads rather than 256 x 8 float4: level unstaged at M = 1024, 6 % faster at M = 256, and
+  // staged 10-18 % faster from M = 4096 (bench/cpp/bench_row_softmax.cu on the H200).
+  if (N <= 512 * 4 * 4) return {512, 4, true};
   if (N <= 512 * 4 * 8) return {512, 8, false};
   if (N <= 1024 * 4 * 8) return {1024, 8, false};
   return {0, 0, false};
