@@ -419,14 +419,17 @@ def table(records):
 
 
 def forward_table(records):
-    lines = [f"{'case':<10}{'mode':<6}{'impl':<22}{'ms':>9}{'TFLOP/s':>9}{'vs gemm':>9}{'vs eager':>9}{'rel err':>10}"]
-    base = {(r["case"], r["mode"], r["impl"]): r["ms"] for r in records}
+    """Forward records as text; the peers of a record are those of its own shape (case, M, N, K, mode)."""
+    lines = [f"{'case':<10}{'M':>7}{'N':>8}{'K':>6} {'mode':<6}{'impl':<22}{'ms':>9}{'TFLOP/s':>9}{'vs gemm':>9}"
+             f"{'vs eager':>9}{'rel err':>10}"]
+    base = {(r["case"], r["M"], r["N"], r["K"], r["mode"], r["impl"]): r["ms"] for r in records}
     for r in records:
-        g = base.get((r["case"], r["mode"], "gemm"))
-        e = base.get((r["case"], r["mode"], "eager"))
+        key = (r["case"], r["M"], r["N"], r["K"], r["mode"])
+        g, e = base.get(key + ("gemm",)), base.get(key + ("eager",))
         err = f"{r['rel_err']:.2e}" if r["rel_err"] is not None else "-"
-        lines.append(f"{r['case']:<10}{r['mode']:<6}{r['impl']:<22}{r['ms']:>9.4f}{r['tflops']:>9.1f}"
-                     f"{r['ms'] / g if g else float('nan'):>9.3f}{e / r['ms'] if e else float('nan'):>9.2f}{err:>10}")
+        lines.append(f"{r['case']:<10}{r['M']:>7}{r['N']:>8}{r['K']:>6} {r['mode']:<6}{r['impl']:<22}{r['ms']:>9.4f}"
+                     f"{r['tflops']:>9.1f}{r['ms'] / g if g else float('nan'):>9.3f}"
+                     f"{e / r['ms'] if e else float('nan'):>9.2f}{err:>10}")
     return "\n".join(lines)
 
 

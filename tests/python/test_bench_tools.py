@@ -262,3 +262,19 @@ def test_distributed_benchmark_smoke_run_on_cpu_processes(tmp_path):
                    ("sync-train-step-local-grads", "fused"), ("collectives", "all_gather-moments"),
                    ("collectives", "all_reduce-grads")}
     assert all(r["world_size"] == 2 and r["ms"] > 0 for r in data["records"])
+
+
+def test_forward_table_compares_each_shape_with_its_own_peers():
+    """A sweep case holds several shapes: "vs gemm" / "vs eager" divide by the peers of the same M, N, K."""
+    import bench_forward
+
+    def rec(m, impl, ms):
+        return {"case": "m-sweep", "M": m, "N": 8192, "K": 8192, "mode": "bf16", "impl": impl, "ms": ms,
+                "tflops": 1.0, "rel_err": None}
+
+    text = bench_forward.forward_table([rec(256, "gemm", 0.05), rec(256, "eager", 0.12), rec(256, "sm90", 0.07),
+                                        rec(4096, "gemm", 0.70), rec(4096, "eager", 1.05), rec(4096, "sm90", 0.84)])
+    rows = {(line.split()[1], line.split()[5]): line.split() for line in text.splitlines()[1:]}
+    assert float(rows[("256", "sm90")][8]) == pytest.approx(0.07 / 0.05, abs=1e-3)
+    assert float(rows[("4096", "sm90")][8]) == pytest.approx(0.84 / 0.70, abs=1e-3)
+    assert float(rows[("4096", "sm90")][9]) == pytest.approx(1.05 / 0.84, abs=1e-2)
