@@ -346,12 +346,12 @@ TEST(Sm90GemmStats, LargeMeanInAccumulator) {
   }
 }
 
-// Which bits of an fp32 operand the TF32 tensor cores read. The kernel hands them raw fp32 (TMA
-// copies, no conversion), so the 13 mantissa bits TF32 lacks are either ignored (truncation toward
-// zero) or rounded away. Measured on the H200: rounded to nearest (1 + 0.75 * 2^-10 reads as
-// 1 + 2^-10). A 3xTF32 split can take the raw tile as its big part only if its own rounding is the
-// hardware's: round to nearest (fused::tf32::split_nearest), not toward zero. Printed, not asserted:
-// how ties round, and whether a TF32 subnormal operand (2^-130) is flushed to zero.
+// What the existing tf32 kernel makes of the 13 mantissa bits an fp32 operand has beyond TF32:
+// ignored (truncation toward zero) or rounded away. Measured on the H200: rounded to nearest
+// (1 + 0.75 * 2^-10 counts as 1 + 2^-10). The kernel's TMA descriptors have the TFLOAT32 data type
+// (CUTLASS stores fp32 operands as tfloat32_t), so the copy into shared memory may be what rounds;
+// a 3xTF32 split must load raw bits and write its big part explicitly (docs/design-3xtf32-sm90.md).
+// Printed, not asserted: how ties round, and whether a TF32 subnormal operand (2^-130) is flushed.
 TEST(Sm90GemmStats, Tf32TensorCoresRoundRawFp32OperandsToNearest) {
   SKIP_UNLESS_SM90();
   const int64_t M = 8, N = 8, K = 32;
