@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_forward  # noqa: E402  (its CUDA-event timer)
 import gemm_bn_softmax as gbs  # noqa: E402
-from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax  # noqa: E402
+from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax, exchange_records  # noqa: E402
 from gemm_bn_softmax.reference import ReferenceModel  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -187,6 +187,9 @@ def measure_all(rank, a, device):
         record("collectives", "all_gather-moments",
                lambda: dist.all_gather_into_tensor(gathered, moments) if device.type == "cuda"
                else dist.all_gather(list(gathered.unbind()), moments))
+        # The same exchange as the op makes it (the process group's call, without torch.distributed's
+        # Python wrappers): an A/B in one process of what that saves.
+        record("collectives", "all_gather-moments-as-the-op", lambda: exchange_records(moments, dist.group.WORLD))
         grads = torch.randn(n * k + 4 * n + 1, device=device, dtype=dtype)  # W, b, gamma, beta, scale
         record("collectives", "all_reduce-grads", lambda: dist.all_reduce(grads))
     if {"column-forward", "column-train-step"} & set(a.cases):

@@ -59,9 +59,10 @@ def _blocking_allgather_options():
     return opts
 
 
-def _all_gather(record: torch.Tensor, group) -> torch.Tensor:
-    """(world_size, len(record)): every rank's record in rank order, gathered into one flat buffer
-    (NCCL and gloo both do that) and viewed as rows; torch.compile (2.11) refuses a 2-D buffer."""
+def exchange_records(record: torch.Tensor, group) -> torch.Tensor:
+    """(world_size, len(record)): every rank's record in rank order; the one collective each exchange
+    of this module makes. Gathered into one flat buffer (NCCL and gloo both do that) and viewed as
+    rows; torch.compile (2.11) refuses a 2-D buffer."""
     world = group.size()
     out = record.new_empty(world * record.numel())
     if torch.compiler.is_compiling():  # the call torch.compile knows how to trace
@@ -127,7 +128,7 @@ class _SyncGemmBnSoftmax(torch.autograd.Function):
         xc, wc = x.to(linear), weight.to(linear)
         bc = bias.to(linear) if bias is not None else None
         y, moments = _ops.gemm_column_moments(xc, wc, bc, precision, path, None)
-        rank_moments = _all_gather(moments, group)
+        rank_moments = exchange_records(moments, group)
         out, mean, invstd, row_lse = _ops.bn_softmax_from_moments(
             y, rank_moments, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, momentum,
             eps, linear, out_dtype or linear)
@@ -140,7 +141,7 @@ class _SyncGemmBnSoftmax(torch.autograd.Function):
         y, mean, invstd, row_lse, xc, wc, bn_weight, bn_bias, scale = ctx.saved_tensors
         sums, row_dot = _ops.gemm_bn_softmax_backward_sums(grad_out, y, mean, invstd, row_lse, bn_weight, bn_bias,
                                                           scale)
-        rank_sums = _all_gather(sums, ctx.group)
+        rank_sums = exchange_records(sums, ctx.group)
         grads = _ops.gemm_bn_softmax_backward(grad_out, y, mean, invstd, row_lse, xc, wc, bn_weight, bn_bias, scale,
                                               True, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision, ctx.linear_grad_dtype, row_dot, sums,
                                               rank_sums)
@@ -170,7 +171,7 @@ def sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, runn
 
 def _all_gather_sum(t: torch.Tensor, group) -> torch.Tensor:
     """Sum over ranks, added in rank order: the same bits on every rank."""
-    return _all_gather(t, group).sum(0)
+    return exchange_records(t, group).sum(0)
 
 
 class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
@@ -191,7 +192,7 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
             xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, training, momentum,
             eps, precision, path, None, out_dtype or linear)
         # The whole row's log-normaliser, and this rank's columns renormalised to it.
-        lse = torch.logsumexp(_all_gather(row_lse, group), dim=0)
+        lse = torch.logsumexp(exchange_records(row_lse, group), dim=0)
         # (float32 math, one rounding to out's dtype; no .to() when that is float32 already: a no-op
         # .to() on this output makes torch 2.11's torch.compile trace the backward with zero gradients)
         scaled = out * torch.exp(row_lse - lse)[:, None]
