@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -46,6 +47,64 @@ struct DeviceBuf {
     return h;
   }
 };
+
+// One TF32 tensor-core MMA (m16n8k8, mma.sync) over raw fp32 register bits: row r of A holds
+// a_in[r] at k = 0 and zeros, B is the unit vector e_0, so D[r][0] is what the tensor core made of
+// a_in[r]. Fragment layout as in the PTX ISA (groupID = lane / 4, threadID_in_group = lane % 4).
+__global__ void tf32_mma_of_raw_operands(const float* a_in, float* d_out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int lane = threadIdx.x, group = lane / 4, tig = lane % 4;
+  const float a0 = tig == 0 ? a_in[group] : 0.f, a1 = tig == 0 ? a_in[group + 8] : 0.f;
+  const float b0 = lane == 0 ? 1.f : 0.f;
+  float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+      : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(0u), "r"(0u), "r"(__float_as_uint(b0)), "r"(0u));
+  if (tig == 0) {
+    d_out[group] = d0;
+    d_out[group + 8] = d2;
+  }
+#endif
+}
+
+// What the TF32 tensor cores do with the 13 mantissa bits of a raw fp32 operand that TF32 lacks
+// (the 3xTF32 design needs to know: docs/design-3xtf32-sm90.md, trap 1). Asserted: the result is
+// one consistent rule (truncation, or rounding to nearest with ties to even or away from zero) on
+// every probe; printed: which one.
+TEST(Tf32TensorCores, RawFp32OperandBitsFollowOneRoundingRule) {
+  REQUIRE_GPU();
+  int major = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major < 8) GTEST_SKIP() << "TF32 tensor cores need sm80+";
+  const float u = std::ldexp(1.0f, -10);  // TF32's ulp at 1
+  // probe: value, truncated, nearest-even, nearest-away
+  struct Probe { float in, rz, rne, rna; };
+  const std::vector<Probe> probes = {
+      {1 + 0.75f * u, 1, 1 + u, 1 + u},          {-(1 + 0.75f * u), -1, -(1 + u), -(1 + u)},
+      {1 + 0.25f * u, 1, 1, 1},                  {1 + 0.5f * u, 1, 1, 1 + u},
+      {1 + 1.5f * u, 1 + u, 1 + 2 * u, 1 + 2 * u}, {1 + 0.999f * u, 1, 1 + u, 1 + u}};
+  std::vector<float> a(16, 0.f);
+  for (size_t i = 0; i < probes.size(); ++i) a[i] = probes[i].in;
+  DeviceBuf<float> da(a), dd(16);
+  tf32_mma_of_raw_operands<<<1, 32>>>(da.ptr, dd.ptr);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto d = dd.download();
+  bool rz = true, rne = true, rna = true;
+  for (size_t i = 0; i < probes.size(); ++i) {
+    rz = rz && d[i] == probes[i].rz;
+    rne = rne && d[i] == probes[i].rne;
+    rna = rna && d[i] == probes[i].rna;
+    std::printf("TF32 mma.sync operand %.10g -> %.10g\n", probes[i].in, d[i]);
+  }
+  for (size_t i = probes.size(); i < 16; ++i) EXPECT_EQ(d[i], 0.f) << "row " << i;
+  std::printf("TF32 tensor cores on raw fp32 operand bits: %s\n",
+              rz ? "truncate (toward zero)" : rne ? "round to nearest, ties to even"
+                                                 : rna ? "round to nearest, ties away from zero" : "no single rule");
+  EXPECT_TRUE(rz || rne || rna) << "the probes follow none of the three rules";
+}
 
 class ColumnPartialsGpu : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, double>> {};
 
