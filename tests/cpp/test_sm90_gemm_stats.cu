@@ -347,10 +347,12 @@ TEST(Sm90GemmStats, LargeMeanInAccumulator) {
 }
 
 // What the existing tf32 kernel makes of the 13 mantissa bits an fp32 operand has beyond TF32:
-// ignored (truncation toward zero) or rounded away. Measured on the H200: rounded to nearest
-// (1 + 0.75 * 2^-10 counts as 1 + 2^-10). The kernel's TMA descriptors have the TFLOAT32 data type
-// (CUTLASS stores fp32 operands as tfloat32_t), so the copy into shared memory may be what rounds;
-// a 3xTF32 split must load raw bits and write its big part explicitly (docs/design-3xtf32-sm90.md).
+// ignored (truncation toward zero) or rounded away. Measured on the H200: rounded to nearest, ties
+// to even (1 + 0.75 * 2^-10 counts as 1 + 2^-10). The tensor cores themselves truncate raw bits
+// with mma.sync (Tf32TensorCores.RawFp32OperandBitsFollowOneRoundingRule), so the rounding is most
+// likely the TMA copy's, whose descriptors have the TFLOAT32 type (CUTLASS stores fp32 operands as
+// tfloat32_t). A 3xTF32 split
+// must load raw bits with a FLOAT32 descriptor (docs/design-3xtf32-sm90.md, trap 1).
 // Printed, not asserted: how ties round, and whether a TF32 subnormal operand (2^-130) is flushed.
 TEST(Sm90GemmStats, Tf32TensorCoresRoundRawFp32OperandsToNearest) {
   SKIP_UNLESS_SM90();
