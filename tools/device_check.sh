@@ -10,6 +10,8 @@
 #               time budget of 7 minutes; continue with --resume <json>).
 #     distributed: (a machine with 2+ GPUs) build, the data-parallel gtests, test_distributed.py
 #               (NCCL included), then bench_distributed.py with $BENCH_ARGS (BENCH_ARGS=none skips it).
+# CMAKE_ARGS: extra configure arguments, e.g. -DFUSED_3XTF32_EXPERIMENT=ON (the experimental 3xTF32
+# kernel, its gtest and its line in bench_sm90_gemm_stats).
 # Nothing is downloaded: the nvidia-cutlass wheel and the googletest .debs come from .device_cache/
 # (filled by tools/prepare_device_cache.sh on a machine with internet access).
 set -uo pipefail
@@ -34,7 +36,7 @@ for d in .device_cache/*.deb; do dpkg -x "$d" /tmp/gtest; done
 step "build"
 t0=$(date +%s)
 cmake -S . -B build-device -G Ninja -DPython3_EXECUTABLE="$PY" -DFUSED_CUDA=ON \
-  -DGTEST_SOURCE_DIR=/tmp/gtest/usr/src/googletest -DFUSED_CUDA_PORTABLE_ARCHS=90 >>"$OUT/env.log" 2>&1 \
+  -DGTEST_SOURCE_DIR=/tmp/gtest/usr/src/googletest -DFUSED_CUDA_PORTABLE_ARCHS=90 ${CMAKE_ARGS:-} >>"$OUT/env.log" 2>&1 \
   || { tail -30 "$OUT/env.log"; exit 1; }
 cmake --build build-device -j 16 2>&1 | tee "$OUT/build.log" | grep -E "error|warning: Registers|spill|FAILED" | head -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }

@@ -74,5 +74,29 @@ int main(int argc, char** argv) {
                 t_eval, flop / t_eval / 1e9, t_cublas, flop / t_cublas / 1e9, 100.0 * (t_stats / t_eval - 1.0),
                 cudaGetErrorString(e));
   }
+#if defined(FUSED_WITH_3XTF32_EXPERIMENT)
+  {  // the experimental 3xTF32 kernel (fp32 operands, 128x128 tile), against 3x the tf32 kernel's time
+    fused::bench::fill_operands(x, w, bias, M, N, K, false);
+    const int64_t rows = (M + 127) / 128;
+    float *mean3, *m23;
+    cudaMalloc(&mean3, rows * ld * 4);
+    cudaMalloc(&m23, rows * ld * 4);
+    fused::sm90::GemmStatsArgs a;
+    a.M = M; a.N = N; a.K = K; a.x = x; a.ldx = K; a.w = w; a.ldw = K; a.bias = bias; a.y = y; a.ldy = N;
+    a.tile = fused::sm90::Sm90Tile::k128x128;
+    a.partials = {mean3, m23, rows, 128, ld};
+    void* ws3 = nullptr;
+    const size_t wsb = fused::sm90::gemm_workspace_bytes_3xtf32_experiment(a);
+    if (wsb) cudaMalloc(&ws3, wsb);
+    fused::Status st = fused::Status::Ok();
+    const float t3 = fused::bench::median_ms([&] { st = fused::sm90::run_gemm_stats_3xtf32_experiment(a, ws3, nullptr); },
+                                             iters);
+    cudaError_t e = cudaDeviceSynchronize();
+    std::printf("3xtf32 experiment M=%lld N=%lld K=%lld: gemm+stats %.4f ms (%.0f TFLOP/s) | %s | %s\n", (long long)M,
+                (long long)N, (long long)K, t3, 2.0 * M * N * K / t3 / 1e9, st.ok() ? "ok" : st.message,
+                cudaGetErrorString(e));
+    cudaFree(ws3); cudaFree(mean3); cudaFree(m23);
+  }
+#endif
   return 0;
 }

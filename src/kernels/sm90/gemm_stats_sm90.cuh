@@ -65,6 +65,8 @@ constexpr SchedulerOptions kSmallTileScheduler{2, 1};
 // ElementIn: cutlass::bfloat16_t, cutlass::half_t, or float (tf32 tensor-core MMA).
 template <class ElementIn, class Config = DefaultConfig>
 struct GemmStatsKernel {
+  static constexpr int kTileM = Config::kTileM, kTileN = Config::kTileN;
+  static constexpr bool kStreamK = Config::kStreamK;
   using ElementA = ElementIn;                     // x (M,K) row-major: K-major
   using LayoutA = cutlass::layout::RowMajor;
   using ElementB = ElementIn;                     // W (N,K) row-major == B (K,N) column-major: K-major
@@ -129,10 +131,13 @@ struct GemmStatsKernel {
   using StrideD = typename Gemm::GemmKernel::StrideD;
 };
 
-template <class ElementIn, class Config>
+// The launch code below takes a kernel description KC: GemmStatsKernel<ElementIn, Config>, or
+// another kernel with the same members (Gemm, the strides, FusionCallbacks, ElementA/B/Bias,
+// AlignmentAB/D, kTileM/N, kStreamK), e.g. the experimental 3xTF32 one.
+template <class KC>
 Status validate(const GemmStatsArgs& a) {
-  using K = GemmStatsKernel<ElementIn, Config>;
-  if (partials_row_tile(a.tile) != Config::kTileM)
+  using K = KC;
+  if (partials_row_tile(a.tile) != KC::kTileM)
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: args.tile does not match the instantiation"};
   constexpr int64_t kIntMax = 0x7fffffff;
   if (a.M <= 0 || a.N <= 0 || a.K <= 0)
@@ -153,20 +158,18 @@ Status validate(const GemmStatsArgs& a) {
   if ((p.mean == nullptr) != (p.m2 == nullptr))
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: partials.mean and partials.m2 must both be set or both null"};
   if (p.mean != nullptr) {
-    if (p.row_tile != Config::kTileM || p.ld != (a.N + Config::kTileN - 1) / Config::kTileN * Config::kTileN ||
-        p.num_row_tiles < (a.M + Config::kTileM - 1) / Config::kTileM)
+    if (p.row_tile != KC::kTileM || p.ld != (a.N + KC::kTileN - 1) / KC::kTileN * KC::kTileN ||
+        p.num_row_tiles < (a.M + KC::kTileM - 1) / KC::kTileM)
       return {StatusCode::kInvalidArgument,
               "sm90 gemm_stats: partials geometry must be [ceil(M/partials_row_tile()), partials_ld(N)]"};
   }
   return Status::Ok();
 }
 
-template <class ElementIn, class Config>
-Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched,
-                      typename GemmStatsKernel<ElementIn, Config>::Gemm::Arguments& out) {
-  using KC = GemmStatsKernel<ElementIn, Config>;
+template <class KC>
+Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched, typename KC::Gemm::Arguments& out) {
   using Gemm = typename KC::Gemm;
-  Status st = validate<ElementIn, Config>(a);
+  Status st = validate<KC>(a);
   if (!st.ok()) return st;
 
   int device = 0;
@@ -185,8 +188,8 @@ Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched,
 
   using ElementBias = typename KC::ElementBias;
   const auto* bias = static_cast<const ElementBias*>(a.bias);
-  const auto* x = static_cast<const ElementIn*>(a.x);
-  const auto* w = static_cast<const ElementIn*>(a.w);
+  const auto* x = static_cast<const typename KC::ElementA*>(a.x);
+  const auto* w = static_cast<const typename KC::ElementB*>(a.w);
 
   typename KC::FusionCallbacks::Arguments fusion_args{
       {                                                  // Sm90EVT<Partials, AccFetch>
@@ -206,7 +209,7 @@ Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched,
                                : sched.raster_order == 2 ? Raster::AlongN
                                                          : Raster::Heuristic;
   out.scheduler.max_swizzle_size = sched.max_swizzle;
-  if constexpr (Config::kStreamK) {
+  if constexpr (KC::kStreamK) {
     using Scheduler = typename Gemm::GemmKernel::TileScheduler;
     out.scheduler.reduction_mode = Scheduler::ReductionMode::Deterministic;  // same bits run to run
     out.scheduler.decomposition_mode = Scheduler::DecompositionMode::Heuristic;
@@ -214,8 +217,8 @@ Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched,
   return Status::Ok();
 }
 
-template <class ElementIn, class Config = DefaultConfig>
-std::size_t workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sched = {}) {
+template <class KC>
+std::size_t kernel_workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sched = {}) {
   // The workspace depends on the problem shape only: the caller may ask before it has buffers,
   // so stand in aligned non-null pointers and dense strides where none are given yet.
   void* const stand_in = reinterpret_cast<void*>(std::uintptr_t{256});
@@ -225,17 +228,17 @@ std::size_t workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sched = {})
   if (a.ldx == 0) a.ldx = a.K;
   if (a.ldw == 0) a.ldw = a.K;
   if (a.ldy == 0) a.ldy = a.N;
-  using Gemm = typename GemmStatsKernel<ElementIn, Config>::Gemm;
+  using Gemm = typename KC::Gemm;
   typename Gemm::Arguments args;
-  if (!make_arguments<ElementIn, Config>(a, sched, args).ok()) return 0;
+  if (!make_arguments<KC>(a, sched, args).ok()) return 0;
   return Gemm::get_workspace_size(args);
 }
 
-template <class ElementIn, class Config = DefaultConfig>
-Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, const SchedulerOptions& sched = {}) {
-  using Gemm = typename GemmStatsKernel<ElementIn, Config>::Gemm;
+template <class KC>
+Status run_kernel(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, const SchedulerOptions& sched = {}) {
+  using Gemm = typename KC::Gemm;
   typename Gemm::Arguments args;
-  Status st = make_arguments<ElementIn, Config>(a, sched, args);
+  Status st = make_arguments<KC>(a, sched, args);
   if (!st.ok()) return st;
 
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
@@ -251,6 +254,16 @@ Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, const S
   if (gemm.run(stream, nullptr, cuda::util::current_device_has_pdl()) != cutlass::Status::kSuccess)
     return {StatusCode::kCudaError, "sm90 gemm_stats: kernel launch failed"};
   return Status::Ok();
+}
+
+template <class ElementIn, class Config = DefaultConfig>
+std::size_t workspace_bytes(const GemmStatsArgs& a, const SchedulerOptions& sched = {}) {
+  return kernel_workspace_bytes<GemmStatsKernel<ElementIn, Config>>(a, sched);
+}
+
+template <class ElementIn, class Config = DefaultConfig>
+Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, const SchedulerOptions& sched = {}) {
+  return run_kernel<GemmStatsKernel<ElementIn, Config>>(a, workspace, stream, sched);
 }
 
 }  // namespace fused::sm90::detail

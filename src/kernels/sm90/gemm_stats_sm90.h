@@ -52,6 +52,14 @@ Status run_gemm_stats_bf16(const GemmStatsArgs& args, void* workspace, cudaStrea
 Status run_gemm_stats_fp16(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
 Status run_gemm_stats_tf32(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
 
+#if defined(FUSED_WITH_3XTF32_EXPERIMENT)
+// EXPERIMENTAL (-DFUSED_3XTF32_EXPERIMENT=ON; not used by the op): fp32 inputs through a 3xTF32
+// mainloop with promoted accumulation (kernels/sm90/mainloop_3xtf32.hpp), 128x128 cooperative
+// tile: args.tile must be Sm90Tile::k128x128. Same requirements as run_gemm_stats_tf32.
+Status run_gemm_stats_3xtf32_experiment(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
+std::size_t gemm_workspace_bytes_3xtf32_experiment(const GemmStatsArgs& args);
+#endif
+
 // The instantiations behind the functions above (one TU each).
 namespace instances {
 #define FUSED_SM90_INSTANCE(name)                                                   \
