@@ -22,29 +22,6 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
 }
 
-// Median device time of f() over iters calls, each preceded (outside the timing) by before().
-template <class Before, class F>
-float median_ms(Before&& before, F&& f, int iters) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < iters + 3; ++i) {
-    before();
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    if (i >= 3) t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,8 +61,8 @@ int main(int argc, char** argv) {
     const fused::ColumnAffine affine{shift, a, c};
     auto rewrite_y = [&] { cudaMemcpyAsync(y, y_src, y_bytes, cudaMemcpyDeviceToDevice); };
     auto flush_l2 = [&] { cudaMemsetAsync(flush, 0, flush_bytes); };
-    const float copy_ms = median_ms(flush_l2, [&] { cudaMemcpyAsync(out, y_src, y_bytes, cudaMemcpyDeviceToDevice); },
-                                    iters);
+    const float copy_ms = fused::bench::median_ms_after(
+        flush_l2, [&] { cudaMemcpyAsync(out, y_src, y_bytes, cudaMemcpyDeviceToDevice); }, iters, 3);
     std::printf("{\"M\":%lld,\"N\":%lld,\"kernel\":\"copy_y\",\"ms\":%.5f,\"gbps\":%.1f}\n", (long long)M,
                 (long long)N, copy_ms, 2.0 * y_bytes / copy_ms / 1e6);
     for (int out_bf16 = 1; out_bf16 >= 0; --out_bf16) {
@@ -109,8 +86,8 @@ int main(int argc, char** argv) {
         check(cudaDeviceSynchronize(), "layout run");
         check(cudaMemcpy(h_got.data(), out, out_bytes, cudaMemcpyDeviceToHost), "copy got");
         const bool same = std::memcmp(h_got.data(), h_want.data(), out_bytes) == 0;
-        const float l2_ms = median_ms(rewrite_y, run, iters);
-        const float cold_ms = median_ms(flush_l2, run, iters);
+        const float l2_ms = fused::bench::median_ms_after(rewrite_y, run, iters, 3);
+        const float cold_ms = fused::bench::median_ms_after(flush_l2, run, iters, 3);
         const double bytes = double(y_bytes + out_bytes);
         std::printf("{\"M\":%lld,\"N\":%lld,\"out\":\"%s\",\"kernel\":\"softmax_%dx%d%s\",\"default\":%s,"
                     "\"same_bits\":%s,\"ms_l2\":%.5f,\"ms_cold\":%.5f,\"gbps_cold\":%.1f,\"of_copy_cold\":%.3f}\n",

@@ -10,15 +10,20 @@
 
 namespace fused::bench {
 
-// Median of `iters` device-event timings of f(), after `warmup` untimed calls.
-template <class F>
-float median_ms(F&& f, int iters, int warmup = 5) {
+// Median of `iters` device-event timings of f(), after `warmup` untimed calls; before() runs ahead
+// of every call, outside the timing (e.g. to flush or fill L2).
+template <class Before, class F>
+float median_ms_after(Before&& before, F&& f, int iters, int warmup = 5) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  for (int i = 0; i < warmup; ++i) f();
+  for (int i = 0; i < warmup; ++i) {
+    before();
+    f();
+  }
   std::vector<float> t;
   for (int i = 0; i < iters; ++i) {
+    before();
     cudaEventRecord(a);
     f();
     cudaEventRecord(b);
@@ -31,6 +36,11 @@ float median_ms(F&& f, int iters, int warmup = 5) {
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+template <class F>
+float median_ms(F&& f, int iters, int warmup = 5) {
+  return median_ms_after([] {}, f, iters, warmup);
 }
 
 // n 32-bit words of U[0,1) values from a hash of the index: two bf16 per word, or one fp32.
