@@ -9,8 +9,8 @@
 // Wider rows (up to any N) take the streaming kernel: an online max/sum pass, then a pass that
 // re-reads y (mostly from L2) and writes out. Every kernel also writes the row's log-normaliser for
 // the backward, and is launched as a programmatic dependent of finalize (kernels/common/pdl.cuh).
-// The layouts reduce a row over the same threads in the same order: row_softmax_layout() picks
-// between them freely, the bits do not change.
+// A layout (threads, float4 per thread) fixes the order of a row's reductions; staged or not, it
+// gives the same bits, so the choice between the two (by M) never changes results.
 // (Measured slower on the H200 and removed: a persistent CTA of 1024 threads keeping the folded
 // coefficients in registers, 23.7 vs 18.8 us at 1024x8192; CTAs of 2 or 4 rows sharing one load of
 // the coefficients, 28 vs 21 us: the coefficients come from L1, and fewer CTAs hide less latency;
@@ -258,8 +258,9 @@ int staged_ctas_per_sm(int device) {
 
 // The staged kernel's persistent launch; with `only_if_worth_it`, the one-CTA-per-row kernel instead
 // when the rows do not fill the resident CTAs once: staging pays once a CTA walks several rows
-// (H200, 512x4 at N = 8192, bf16 out: 19 % faster at 8 rows per CTA, level at 2, 30 % slower at
-// 1/2, where only the mbarrier round trip is added).
+// (H200, 512x4 at N = 8192, bf16 out, against the same layout unstaged: 18 % faster at M = 1024,
+// 29-32 % from M = 4096, 29 % slower at M = 256, under one row per CTA, where only the mbarrier
+// round trip is added).
 template <int kThreads, int kVecs, class TOut>
 Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
                      TOut* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
@@ -279,8 +280,8 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
 }
 
 template <bool kVec, class TOut>
-Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
-                    TOut* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
+Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N,
+                    const ColumnAffine& f, TOut* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
   const dim3 rows(static_cast<unsigned>(M));
   if (l.threads == 0)
     return util::launch_dependent(softmax_rows_streaming<1024, kVec, TOut>, rows, 1024, 0, stream,
@@ -356,8 +357,9 @@ SoftmaxLayout row_softmax_layout(int64_t M, int64_t N) {
   if (N <= 128 * 4 * 1) return {128, 1, true};
   if (N <= 256 * 4 * 2) return {256, 2, true};
   if (N <= 256 * 4 * 4) return {256, 4, true};
-  // 512 threads rather than 256 x 8 float4: level unstaged at M = 1024, 6 % faster at M = 256, and
-  // staged 10-18 % faster from M = 4096 (bench/cpp/bench_row_softmax.cu on the H200).
+  // 512 threads x 4 float4 rather than 256 x 8 (the previous kernel): staged, level with it at
+  // M = 1024 and 18-19 % faster from M = 4096; unstaged at M = 256, 6 % faster
+  // (bench/cpp/bench_row_softmax.cu on the H200).
   if (N <= 512 * 4 * 4) return {512, 4, true};
   if (N <= 512 * 4 * 8) return {512, 8, false};
   if (N <= 1024 * 4 * 8) return {1024, 8, false};

@@ -136,7 +136,6 @@ struct GemmStatsKernel {
 // AlignmentAB/D, kTileM/N, kStreamK), e.g. the experimental 3xTF32 one.
 template <class KC>
 Status validate(const GemmStatsArgs& a) {
-  using K = KC;
   if (partials_row_tile(a.tile) != KC::kTileM)
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: args.tile does not match the instantiation"};
   constexpr int64_t kIntMax = 0x7fffffff;
@@ -148,9 +147,9 @@ Status validate(const GemmStatsArgs& a) {
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: x, w, y must be non-null"};
   if (a.ldx < a.K || a.ldw < a.K || a.ldy < a.N)
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: leading dimension smaller than the row"};
-  if (a.K % K::AlignmentAB != 0 || a.ldx % K::AlignmentAB != 0 || a.ldw % K::AlignmentAB != 0)
+  if (a.K % KC::AlignmentAB != 0 || a.ldx % KC::AlignmentAB != 0 || a.ldw % KC::AlignmentAB != 0)
     return {StatusCode::kNotSupported, "sm90 gemm_stats: K, ldx, ldw must be multiples of 16 bytes (TMA)"};
-  if (a.N % K::AlignmentD != 0 || a.ldy % K::AlignmentD != 0)
+  if (a.N % KC::AlignmentD != 0 || a.ldy % KC::AlignmentD != 0)
     return {StatusCode::kNotSupported, "sm90 gemm_stats: N and ldy must be multiples of 4 (TMA store of y)"};
   if (!cuda::util::aligned16(a.x) || !cuda::util::aligned16(a.w) || !cuda::util::aligned16(a.y))
     return {StatusCode::kNotSupported, "sm90 gemm_stats: x, w, y must be 16-byte aligned"};
