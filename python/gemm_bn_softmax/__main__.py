@@ -69,8 +69,8 @@ def _bytes_needed(m: int, n: int, k: int, elem: int):
     return n * k * (4 + 4 + 8 + elem) + m * k * (4 + 8 + elem) + m * n * 8 * 5
 
 
-def time_ms(fn, device: torch.device, iters: int, warmup: int):
-    """(median, min) ms of fn: CUDA events on a GPU, the host clock on the CPU (also bench_distributed's)."""
+def _time_ms(fn, device: torch.device, iters: int, warmup: int):
+    """(median, min) ms of fn: CUDA events on a GPU, the host clock on the CPU."""
     for _ in range(warmup):
         fn()
     times = []
@@ -147,8 +147,8 @@ def _run(args, device: torch.device, m: int, n: int, k: int, dtype: torch.dtype)
             stat_err = ((fused.bn.running_var.double() - ref64.bn.running_var).norm()
                         / ref64.bn.running_var.norm()).item()
             xd = x.to(dtype)
-            t_fused = time_ms(lambda: fused(xd), device, args.iters, 5)
-            t_eager = time_ms(lambda: ref(xd), device, args.iters, 5)
+            t_fused = _time_ms(lambda: fused(xd), device, args.iters, 5)
+            t_eager = _time_ms(lambda: ref(xd), device, args.iters, 5)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 

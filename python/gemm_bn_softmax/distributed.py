@@ -99,6 +99,19 @@ def _autocast_dtypes(x: torch.Tensor, scale: torch.Tensor, compute_dtype, out_dt
     return linear, out_dtype
 
 
+def _autocast_off(device_type: str):
+    """Autocast switched off for the Functions (which take their dtypes from _autocast_dtypes); a
+    no-op context where it is off already: entering torch.autocast costs host time."""
+    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) \
+        else contextlib.nullcontext()
+
+
+def _linear_operands(x, weight, bias, linear: torch.dtype):
+    """x, weight and bias in the Linear's compute dtype, rounded once in the forward so that the
+    backward's GEMMs reuse the copies."""
+    return x.to(linear), weight.to(linear), bias.to(linear) if bias is not None else None
+
+
 def _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
                        group):
     """What both Functions' backwards read: the op's saved outputs, x (compute dtype) only when the
@@ -124,9 +137,7 @@ class _SyncGemmBnSoftmax(torch.autograd.Function):
     def forward(ctx, x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var, num_batches_tracked,
                 momentum, eps, precision, path, compute_dtype, out_dtype, group):
         linear = compute_dtype or x.dtype
-        # Rounded once here, so that the backward's GEMMs reuse the copies.
-        xc, wc = x.to(linear), weight.to(linear)
-        bc = bias.to(linear) if bias is not None else None
+        xc, wc, bc = _linear_operands(x, weight, bias, linear)
         y, moments = _ops.gemm_column_moments(xc, wc, bc, precision, path, None)
         rank_moments = exchange_records(moments, group)
         out, mean, invstd, row_lse = _ops.bn_softmax_from_moments(
@@ -143,8 +154,8 @@ class _SyncGemmBnSoftmax(torch.autograd.Function):
                                                           scale)
         rank_sums = exchange_records(sums, ctx.group)
         grads = _ops.gemm_bn_softmax_backward(grad_out, y, mean, invstd, row_lse, xc, wc, bn_weight, bn_bias, scale,
-                                              True, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision, ctx.linear_grad_dtype, row_dot, sums,
-                                              rank_sums)
+                                              True, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision,
+                                              ctx.linear_grad_dtype, row_dot, sums, rank_sums)
         return (*grads, *([None] * 10))
 
 
@@ -154,10 +165,7 @@ def sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, runn
     """The training forward with statistics over every rank of ``process_group`` (see the module
     docstring); the functional API's ``gemm_bn_softmax(..., process_group=)`` calls this."""
     compute_dtype, out_dtype = _autocast_dtypes(x, scale, compute_dtype, out_dtype)
-    # (autocast is switched off inside only where it is on: entering the context costs host time)
-    autocast_off = torch.autocast(x.device.type, enabled=False) if torch.is_autocast_enabled(x.device.type) \
-        else contextlib.nullcontext()
-    with autocast_off:
+    with _autocast_off(x.device.type):
         out = _SyncGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var,
                                        num_batches_tracked, momentum, eps, precision, path, compute_dtype,
                                        out_dtype, process_group)
@@ -186,8 +194,7 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
     def forward(ctx, x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var, num_batches_tracked,
                 training, momentum, eps, precision, path, compute_dtype, out_dtype, group):
         linear = compute_dtype or x.dtype
-        xc, wc = x.to(linear), weight.to(linear)
-        bc = bias.to(linear) if bias is not None else None
+        xc, wc, bc = _linear_operands(x, weight, bias, linear)
         out, mean, invstd, y, row_lse = _ops.gemm_bn_softmax(
             xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, training, momentum,
             eps, precision, path, None, out_dtype or linear)
@@ -211,8 +218,8 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
         row_dot = _all_gather_sum(local_dot, ctx.group)  # r_i over every rank's columns
         sums, _ = _ops.gemm_bn_softmax_backward_sums(*args, row_dot)
         grads = list(_ops.gemm_bn_softmax_backward(grad_out, y, mean, invstd, lse, xc, wc, bn_weight, bn_bias, scale,
-                                                   ctx.batch_stats, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision, ctx.linear_grad_dtype,
-                                                   row_dot, sums, sums[None]))
+                                                   ctx.batch_stats, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision,
+                                                   ctx.linear_grad_dtype, row_dot, sums, sums[None]))
         if grads[0] is not None:  # x is every rank's input: its gradient sums every rank's columns
             dist.all_reduce(grads[0], group=ctx.group)
         if grads[5] is not None and scale.numel() == 1:  # a shared scalar scale: every rank's columns
@@ -233,7 +240,7 @@ def column_parallel_gemm_bn_softmax(x, weight, bias=None, bn_weight=None, bn_bia
 
     scale_t = _as_scale_tensor(scale, x)
     compute_dtype, out_dtype = _autocast_dtypes(x, scale_t, compute_dtype, out_dtype)
-    with torch.autocast(x.device.type, enabled=False):
+    with _autocast_off(x.device.type):
         return _ColumnParallelGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale_t, running_mean,
                                                   running_var, num_batches_tracked, training, momentum, eps,
                                                   precision, path, compute_dtype, out_dtype, process_group)
