@@ -14,23 +14,34 @@ namespace fused::cuda::util {
 constexpr int kMaxCachedDevices = 64;
 
 namespace detail {
-// attribute of `device`, cached for devices 0..63 (a driver call, no synchronisation, on first use);
-// 0 when the query fails.
-template <cudaDeviceAttr kAttribute>
-inline int cached_device_attribute(int device) {
+// query(device), cached for devices 0..63 once positive (a result <= 0 is a failure, asked again next
+// time). Each Query type has its own cache: pass a lambda, whose type is unique to its expression
+// (and to the template instantiation around it).
+template <class Query>
+inline int cached_per_device(int device, Query query) {
   static std::atomic<int> cache[kMaxCachedDevices] = {};
   const bool cacheable = device >= 0 && device < kMaxCachedDevices;
   if (cacheable) {
     const int v = cache[device].load(std::memory_order_relaxed);
     if (v > 0) return v;
   }
-  int v = 0;
-  if (cudaDeviceGetAttribute(&v, kAttribute, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
+  const int v = query(device);
   if (cacheable && v > 0) cache[device].store(v, std::memory_order_relaxed);
   return v;
+}
+
+// attribute of `device`, cached (a driver call, no synchronisation, on first use); 0 when the query
+// fails.
+template <cudaDeviceAttr kAttribute>
+inline int cached_device_attribute(int device) {
+  return cached_per_device(device, [](int d) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, kAttribute, d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return v;
+  });
 }
 
 inline int current_device() {

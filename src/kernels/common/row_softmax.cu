@@ -18,7 +18,6 @@
 // The row max is subtracted; NaN and +-inf propagate as in torch.softmax. expf (not the
 // approximate __expf) keeps exact-fp32 mode within 1e-5; the kernel is memory-bound anyway.
 #include <algorithm>
-#include <atomic>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -240,20 +239,18 @@ __global__ void __launch_bounds__(kThreads)
 #define FUSED_SOFTMAX_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4) X(512, 8) X(1024, 8)
 #define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4)
 
-// CTAs of a staged kernel resident per SM (for its persistent grid), per device; 0 on failure.
+// CTAs of a staged kernel resident per SM (for its persistent grid), cached per device; 0 on failure.
 template <int kThreads, int kVecs, class TOut>
 int staged_ctas_per_sm(int device) {
-  static std::atomic<int> cache[util::kMaxCachedDevices] = {};
-  const bool cacheable = device >= 0 && device < util::kMaxCachedDevices;
-  if (cacheable && cache[device].load(std::memory_order_relaxed) > 0) return cache[device].load(std::memory_order_relaxed);
-  int ctas = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, TOut>, kThreads, 0) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (cacheable && ctas > 0) cache[device].store(ctas, std::memory_order_relaxed);
-  return ctas;
+  return util::detail::cached_per_device(device, [](int) {
+    int ctas = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, TOut>, kThreads, 0) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return ctas;
+  });
 }
 
 // The staged kernel's persistent launch; with `only_if_worth_it`, the one-CTA-per-row kernel instead
