@@ -13,7 +13,8 @@ The train case times what a user runs to train the block: one step = zero_grad(s
 out = model(x), loss = (out * g).sum() with a fixed random g, loss.backward() (x requires grad, as
 for a head inside a network), for FusedGemmBNSoftmax ("fused"), the reference model ("eager") and
 torch.compile of it ("compile", compiled afresh 3 times: "ms" is the median of the three medians).
-Modes: bf16, fp16, tf32, fp32 and autocast-bf16 (fp32 model, forward + loss under
+Modes: bf16, fp16, tf32, 3xtf32 (fp32-grade on TF32 tensor cores; its peers run exact fp32), fp32
+and autocast-bf16 (fp32 model, forward + loss under
 torch.autocast(bfloat16), backward outside it) at the headline shape; an M sweep (256..16384 at
 N = K = 8192) in bf16 and tf32; "train-step-sgd" adds torch.optim.SGD(momentum=0.9).step() at the
 headline in bf16 and autocast-bf16. Every train record holds the step's peak memory and the errors
@@ -49,7 +50,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gemm_bn_softmax as gbs  # noqa: E402
 from gemm_bn_softmax.reference import ReferenceModel  # noqa: E402
 
-MODES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MODES = {"fp32": torch.float32, "tf32": torch.float32, "3xtf32": torch.float32, "bf16": torch.bfloat16,
+         "fp16": torch.float16}
+# The op's precision argument per mode (3xtf32's peers are exact fp32: eager, compile and cuBLAS).
+PRECISION = {"fp32": "highest", "tf32": "tf32", "3xtf32": "3xtf32"}
 
 
 class TrainMode(NamedTuple):
@@ -63,6 +67,7 @@ class TrainMode(NamedTuple):
 TRAIN_MODES = {
     "fp32": TrainMode(torch.float32, "highest", False, None),
     "tf32": TrainMode(torch.float32, "tf32", True, None),
+    "3xtf32": TrainMode(torch.float32, "3xtf32", False, None),
     "bf16": TrainMode(torch.bfloat16, None, False, None),
     "fp16": TrainMode(torch.float16, None, False, None),
     "autocast-bf16": TrainMode(torch.float32, None, False, torch.bfloat16),
@@ -98,7 +103,7 @@ def rel_err(got, want):
 def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False):
     dtype = MODES[mode]
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
-    precision = "tf32" if mode == "tf32" else ("highest" if mode == "fp32" else None)
+    precision = PRECISION.get(mode)
     torch.manual_seed(0)
     ref = ReferenceModel(k, n).cuda()
     ref64 = ReferenceModel(k, n).cuda().double()
@@ -123,8 +128,9 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
 
         # "module": the nn.Module a user holds (auto path; running stats and num_batches_tracked as
         # nn.BatchNorm1d moves them), called back to back as a loop calls it.
-        impls = {"eager": lambda: ref(xd), "gemm": lambda: F.linear(xd, w, b), "generic": op("generic"),
-                 "module": lambda: fused(xd)}
+        impls = {"eager": lambda: ref(xd), "gemm": lambda: F.linear(xd, w, b), "module": lambda: fused(xd)}
+        if mode != "3xtf32":  # the generic path has no 3xTF32 GEMM (it refuses)
+            impls["generic"] = op("generic")
         auto_path = gbs.dispatch_path(xd, w, b, precision=precision)  # what a user of the op gets
         try:
             gbs.dispatch_path(xd, w, b, precision=precision, path="sm90")  # raises where sm90 cannot run

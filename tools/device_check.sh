@@ -10,8 +10,7 @@
 #               time budget of 7 minutes; continue with --resume <json>).
 #     distributed: (a machine with 2+ GPUs) build, the data-parallel gtests, test_distributed.py
 #               (NCCL included), then bench_distributed.py with $BENCH_ARGS (BENCH_ARGS=none skips it).
-# CMAKE_ARGS: extra configure arguments, e.g. -DFUSED_3XTF32_EXPERIMENT=ON (the experimental 3xTF32
-# kernel, its gtest and its line in bench_sm90_gemm_stats).
+# CMAKE_ARGS: extra configure arguments, e.g. -DFUSED_BUILD_GEMM_SWEEP=ON.
 # Nothing is downloaded: the nvidia-cutlass wheel and the googletest .debs come from .device_cache/
 # (filled by tools/prepare_device_cache.sh on a machine with internet access).
 set -uo pipefail

@@ -1,5 +1,6 @@
 // Micro-benchmark of the sm90 GEMM + column statistics kernels (not a test): median of device-event
-// timings, statistics on (training) vs off (eval), and cuBLAS GEMM (fp32 out) of the same precision.
+// timings, statistics on (training) vs off (eval), and cuBLAS GEMM (fp32 out) of the same precision
+// (for 3xtf32: cuBLAS's exact fp32 GEMM, the one it replaces).
 // Usage: sm90_bench_gemm_stats [M N K] [iters]
 #include <cuda_runtime.h>
 #if __has_include(<cublas_v2.h>) && !defined(SM90_BENCH_NO_CUBLAS)
@@ -20,7 +21,8 @@ int main(int argc, char** argv) {
   int iters = 50;
   if (argc >= 4) { M = atoll(argv[1]); N = atoll(argv[2]); K = atoll(argv[3]); }
   if (argc >= 5) iters = atoi(argv[4]);
-  const int64_t tiles = (M + fused::sm90::partials_row_tile() - 1) / fused::sm90::partials_row_tile();
+  // partials for the smaller (128-row) tile: room for either kernel shape
+  const int64_t tiles = (M + 127) / 128;
   const int64_t ld = fused::sm90::partials_ld(N);
 
   void *x, *w, *bias, *ws = nullptr;
@@ -36,18 +38,21 @@ int main(int argc, char** argv) {
   cublasCreate(&h);
 #endif
 
-  for (int mode = 0; mode < 2; ++mode) {  // 0: bf16, 1: tf32
-    const bool bf16 = mode == 0;
+  const char* const names[] = {"bf16", "tf32", "3xtf32"};
+  for (int mode = 0; mode < 3; ++mode) {  // bf16, tf32, 3xtf32 (its peer: cuBLAS's exact fp32 GEMM)
+    const bool bf16 = mode == 0, three = mode == 2;
     fused::bench::fill_operands(x, w, bias, M, N, K, bf16);
     fused::sm90::GemmStatsArgs a;
     a.M = M; a.N = N; a.K = K; a.x = x; a.ldx = K; a.w = w; a.ldw = K; a.bias = bias; a.y = y; a.ldy = N;
-    a.partials = {mean, m2, tiles, fused::sm90::partials_row_tile(), ld};
+    a.tile = three ? fused::sm90::k3xTf32Tile : fused::sm90::Sm90Tile::k256x128;
+    const int64_t row_tile = fused::sm90::partials_row_tile(a.tile);
+    a.partials = {mean, m2, (M + row_tile - 1) / row_tile, row_tile, ld};
     const fused::ElementType et = bf16 ? fused::ElementType::kBFloat16 : fused::ElementType::kFloat32;
-    size_t wsb = fused::sm90::gemm_workspace_bytes(et, a);
+    const fused::MatmulPrecision precision = three ? fused::MatmulPrecision::k3xTF32 : fused::MatmulPrecision::kTF32;
+    size_t wsb = fused::sm90::gemm_workspace_bytes(et, precision, a);
     if (wsb) { cudaFree(ws); cudaMalloc(&ws, wsb); }
     auto run = [&](const fused::sm90::GemmStatsArgs& args) {
-      fused::Status s = bf16 ? fused::sm90::run_gemm_stats_bf16(args, ws, nullptr)
-                             : fused::sm90::run_gemm_stats_tf32(args, ws, nullptr);
+      fused::Status s = fused::sm90::run_gemm_stats(et, precision, args, ws, nullptr);
       if (!s.ok()) { std::printf("error: %s\n", s.message); std::exit(1); }
     };
     fused::sm90::GemmStatsArgs eval = a;
@@ -57,46 +62,22 @@ int main(int argc, char** argv) {
     float t_cublas = 0.f;
 #ifdef SM90_BENCH_CUBLAS
     float alpha = 1.f, beta = 0.f;
-    cublasSetMathMode(h, bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_TF32_TENSOR_OP_MATH);
+    cublasSetMathMode(h, mode == 1 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
     t_cublas = fused::bench::median_ms([&] {
       // y^T (N,M) col-major = W (N,K) . x^T : op(A) = W^T-as-colmajor
       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha,
                    w, bf16 ? CUDA_R_16BF : CUDA_R_32F, int(K),
                    x, bf16 ? CUDA_R_16BF : CUDA_R_32F, int(K), &beta, y, CUDA_R_32F, int(N),
-                   bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
-    }, iters);
+                   mode == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }, three ? 5 : iters);
 #endif
     cudaError_t e = cudaDeviceSynchronize();
     double flop = 2.0 * M * N * K;
     std::printf("%s M=%lld N=%lld K=%lld: gemm+stats %.4f ms (%.0f TFLOP/s) | gemm+bias, no stats %.4f ms (%.0f) | "
-                "cuBLAS fp32-out %.4f ms (%.0f) | stats overhead %+.1f%% | %s\n",
-                bf16 ? "bf16" : "tf32", (long long)M, (long long)N, (long long)K, t_stats, flop / t_stats / 1e9,
-                t_eval, flop / t_eval / 1e9, t_cublas, flop / t_cublas / 1e9, 100.0 * (t_stats / t_eval - 1.0),
-                cudaGetErrorString(e));
+                "cuBLAS %s, fp32 out %.4f ms (%.0f) | stats overhead %+.1f%% | %s\n",
+                names[mode], (long long)M, (long long)N, (long long)K, t_stats, flop / t_stats / 1e9,
+                t_eval, flop / t_eval / 1e9, three ? "exact fp32" : names[mode], t_cublas, flop / t_cublas / 1e9,
+                100.0 * (t_stats / t_eval - 1.0), cudaGetErrorString(e));
   }
-#if defined(FUSED_WITH_3XTF32_EXPERIMENT)
-  {  // the experimental 3xTF32 kernel (fp32 operands, 128x128 tile), against 3x the tf32 kernel's time
-    fused::bench::fill_operands(x, w, bias, M, N, K, false);
-    const int64_t rows = (M + 127) / 128;
-    float *mean3, *m23;
-    cudaMalloc(&mean3, rows * ld * 4);
-    cudaMalloc(&m23, rows * ld * 4);
-    fused::sm90::GemmStatsArgs a;
-    a.M = M; a.N = N; a.K = K; a.x = x; a.ldx = K; a.w = w; a.ldw = K; a.bias = bias; a.y = y; a.ldy = N;
-    a.tile = fused::sm90::Sm90Tile::k128x128;
-    a.partials = {mean3, m23, rows, 128, ld};
-    void* ws3 = nullptr;
-    const size_t wsb = fused::sm90::gemm_workspace_bytes_3xtf32_experiment(a);
-    if (wsb) cudaMalloc(&ws3, wsb);
-    fused::Status st = fused::Status::Ok();
-    const float t3 = fused::bench::median_ms([&] { st = fused::sm90::run_gemm_stats_3xtf32_experiment(a, ws3, nullptr); },
-                                             iters);
-    cudaError_t e = cudaDeviceSynchronize();
-    std::printf("3xtf32 experiment M=%lld N=%lld K=%lld: gemm+stats %.4f ms (%.0f TFLOP/s) | %s | %s\n", (long long)M,
-                (long long)N, (long long)K, t3, 2.0 * M * N * K / t3 / 1e9, st.ok() ? "ok" : st.message,
-                cudaGetErrorString(e));
-    cudaFree(ws3); cudaFree(mean3); cudaFree(m23);
-  }
-#endif
   return 0;
 }

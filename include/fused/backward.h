@@ -104,6 +104,16 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
 // memory; the same workspace as backward().
 Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_dot,
                             void* workspace, std::size_t workspace_size, cudaStream_t stream);
+
+// The backward's GEMMs at precision k3xTF32, on the forward's 3xTF32 kernel (no statistics, no
+// bias): c (m, n) = a (m, k) b^T, with a and b (n, k) row-major fp32, both K-major as TF32 tensor
+// cores need them. dx = dy W is a = dy, b = W^T (K, N); dW = dy^T x is a = dy^T (the dy pass writes
+// it), b = x^T (K, M). Needs the sm90 build and a Hopper GPU, k, lda, ldb, n and ldc multiples of 4
+// (zero-padded columns extend k at no cost to the result), 16-byte aligned pointers; else
+// kNotSupported with the reason, nothing launched. m, n, k > 0.
+std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k);
+Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                   int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream);
 }  // namespace cuda
 
 }  // namespace fused

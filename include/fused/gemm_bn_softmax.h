@@ -102,9 +102,11 @@ Status device_properties(int device, DeviceProperties* out);
 enum class PathRequest : int { kAuto = 0, kSm90 = 1, kGeneric = 2 };
 
 // The one place that decides the path. A forced path (request or environment) is taken or refused
-// with kNotSupported and the reason, never replaced by another. The automatic rule:
-//   1. sm90 needs a build with the sm90 kernels, a GPU of compute capability 9.x, bf16/fp16 or
-//      tf32 (exact fp32, precision "highest", is cuBLASLt's job), and TMA's operand rules: 16-byte
+// with kNotSupported and the reason, never replaced by another. Precision k3xTF32 has one path,
+// sm90 (only its kernels implement 3xTF32): where sm90 cannot run, or generic is forced, the call
+// is refused with the reason, never run less accurately. Otherwise the automatic rule:
+//   1. sm90 needs a build with the sm90 kernels, a GPU of compute capability 9.x, bf16/fp16,
+//      tf32 or 3xtf32 (exact fp32, precision "highest", is cuBLASLt's job), and TMA's operand rules: 16-byte
 //      aligned x, W and y, K and the row strides of x and W multiples of 16 bytes, N and y's row
 //      stride multiples of 4, M, N and K below 2^31;
 //   2. tf32 with a tiny batch (M <= kExactFp32MaxBatch) runs the generic path in exact fp32: at
@@ -129,7 +131,8 @@ Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const Devic
 //                                                            under one wave; ld = round_up(N, 128);
 //                                                            generic: row_tile 128, ld = round_up(N, 4))
 //   folded a, c          2 * N floats
-//   sm90: the GEMM's own (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule)
+//   sm90: the GEMM's own (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule);
+//         3xTF32 always runs the 128x128 tile (row_tile 128)
 //   generic: the bias in fp32 (N floats) and cuBLASLt's workspace: 1 MiB + room for 8 fp32 copies
 //            of y (split-K partial products), at most 32 MiB (what PyTorch gives cuBLAS on Hopper)
 // Headline problem (M = 1024, N = 8192): 320 KiB on the sm90 path, 32.6 MiB on the generic path.

@@ -26,6 +26,10 @@ enum class ElementType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kFloat
 enum class MatmulPrecision : int {
   kHighest = 0,  // fp32-accurate (torch.get_float32_matmul_precision() == "highest")
   kTF32 = 1,     // TF32 tensor cores allowed ("high" / "medium")
+  // fp32-grade on TF32 tensor cores (precision "3xtf32", asked for explicitly, sm90 only): each
+  // operand split into two TF32 parts, three TF32 products per multiply-add, the tensor cores'
+  // partial sums added into fp32 registers every 32 K-elements.
+  k3xTF32 = 2,
 };
 
 enum class StatusCode : int { kOk = 0, kInvalidArgument, kNotSupported, kCudaError };

@@ -16,7 +16,8 @@ import torch
 from . import FusedGemmBNSoftmax, __version__, dispatch_path
 from .reference import ReferenceModel
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "3xtf32": torch.float32, "bf16": torch.bfloat16,
+          "fp16": torch.float16}
 
 
 def _parse_size(text: str):
@@ -95,7 +96,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=_parse_size, default=None,
                    help="MxNxK: batch x out_features x in_features (default 1024x8192x8192 on CUDA, 256x1024x1024 on CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
-                   help="fp32 (exact), tf32 (fp32 inputs, TF32 tensor cores), bf16, fp16; default bf16")
+                   help="fp32 (exact), tf32 (fp32 inputs, TF32 tensor cores), 3xtf32 (fp32 inputs, fp32-grade "
+                        "on TF32 tensor cores; Hopper only), bf16, fp16; default bf16")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--iters", type=_positive_int, default=30, help="timed calls per implementation (default 30)")
     p.add_argument("--eval", action="store_true", help="eval mode (running statistics) instead of training")
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
 
 
 def _run(args, device: torch.device, m: int, n: int, k: int, dtype: torch.dtype) -> int:
-    precision = "tf32" if args.dtype == "tf32" else ("highest" if args.dtype == "fp32" else None)
+    precision = {"tf32": "tf32", "3xtf32": "3xtf32", "fp32": "highest"}.get(args.dtype)
     torch.manual_seed(args.seed)
 
     ref = ReferenceModel(k, n).to(device)

@@ -64,7 +64,11 @@ def gemm_bn_softmax(
         momentum: running-stat momentum; None = cumulative average (needs num_batches_tracked).
         num_batches_tracked: int64 one-element tensor, incremented in training like nn.BatchNorm1d.
         precision: float32 inputs only: None follows torch.get_float32_matmul_precision();
-            "highest" is fp32-exact, "high"/"medium"/"tf32" allow TF32 tensor cores.
+            "highest" is fp32-exact, "high"/"medium"/"tf32" allow TF32 tensor cores, "3xtf32" is
+            fp32-grade on TF32 tensor cores (three TF32 products per multiply, partial sums added in
+            fp32 every 32 K-elements; forward and backward GEMMs), asked for by name only. 3xtf32
+            runs on Hopper's sm90 kernels only (aligned operands: K and N multiples of 4): elsewhere it
+            raises rather than run less accurately. On the CPU every precision computes exactly.
         path: None/"auto", "sm90" or "generic" to force a CUDA path (also GEMM_BN_SOFTMAX_PATH).
         compute_dtype: the dtype the Linear part runs in (x, weight, bias rounded to it; their
             gradients come back in their own dtypes); None: x's dtype. Autocast sets it.

@@ -14,11 +14,22 @@
 namespace fused::cuda {
 namespace {
 
-// Every refusal of a forced sm90 path reads "path 'sm90' was requested but the sm90 kernel
-// cannot run this problem: <reason>".
-#define FUSED_SM90_REFUSAL(reason) "path 'sm90' was requested but the sm90 kernel cannot run this problem: " reason
+bool wants_3xtf32(const ForwardProblem& p) { return p.precision == MatmulPrecision::k3xTF32; }
 
-Status refuse(const char* message) { return {StatusCode::kNotSupported, message}; }
+// Each refusal of the sm90 path states its reason once, after what needed the path: a forced
+// path ("path 'sm90' was requested but ...") or precision '3xtf32', which only the sm90 kernels
+// implement ("precision '3xtf32' runs on the sm90 path only, which ...").
+struct Refusal {
+  const char* forced;
+  const char* for_3xtf32;
+};
+#define FUSED_SM90_REFUSAL(reason)                                                            \
+  Refusal{"path 'sm90' was requested but the sm90 kernel cannot run this problem: " reason, \
+          "precision '3xtf32' runs on the sm90 path only, which cannot run this problem: " reason}
+
+Status refuse(const ForwardProblem& p, const Refusal& r) {
+  return {StatusCode::kNotSupported, wants_3xtf32(p) ? r.for_3xtf32 : r.forced};
+}
 
 // Null buffers are fresh allocations: 256-byte aligned (any CUDA allocator's), dense rows.
 bool aligned16_or_fresh(const void* p) { return p == nullptr || util::aligned16(p); }
@@ -63,26 +74,34 @@ bool sm90_compiled() {
 }
 
 Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
-  if (!sm90_compiled()) return refuse(FUSED_SM90_REFUSAL("this build holds no sm90 kernels"));
-  if (p.dtype == ElementType::kFloat32 && p.precision != MatmulPrecision::kTF32)
-    return refuse(FUSED_SM90_REFUSAL("exact fp32 (precision 'highest') runs on the generic path"));
-  if (p.M == 0 || p.N == 0 || p.K == 0) return refuse(FUSED_SM90_REFUSAL("empty problem"));
+  if (!sm90_compiled()) return refuse(p, FUSED_SM90_REFUSAL("this build holds no sm90 kernels"));
+  if (p.dtype == ElementType::kFloat32 && p.precision == MatmulPrecision::kHighest)
+    return refuse(p, FUSED_SM90_REFUSAL("exact fp32 (precision 'highest') runs on the generic path"));
+  if (p.M == 0 || p.N == 0 || p.K == 0) return refuse(p, FUSED_SM90_REFUSAL("empty problem"));
   // TMA: 16-byte aligned base addresses and row strides of x and W; y stored with N % 4 == 0.
   const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
   if (p.K % per16 != 0 || stride_or_dense(b.ldx, p.K) % per16 != 0 || stride_or_dense(b.ldw, p.K) % per16 != 0)
-    return refuse(FUSED_SM90_REFUSAL("K and the row strides of x and W must be multiples of 16 bytes (TMA)"));
+    return refuse(p, FUSED_SM90_REFUSAL("K and the row strides of x and W must be multiples of 16 bytes (TMA)"));
   if (p.N % 4 != 0 || stride_or_dense(b.ldy, p.N) % 4 != 0)
-    return refuse(FUSED_SM90_REFUSAL("N and y's row stride must be multiples of 4 (TMA store of y)"));
+    return refuse(p, FUSED_SM90_REFUSAL("N and y's row stride must be multiples of 4 (TMA store of y)"));
   if (!aligned16_or_fresh(b.x) || !aligned16_or_fresh(b.weight) || !aligned16_or_fresh(b.y))
-    return refuse(FUSED_SM90_REFUSAL("x, W and y must be 16-byte aligned (TMA)"));
+    return refuse(p, FUSED_SM90_REFUSAL("x, W and y must be 16-byte aligned (TMA)"));
   if (p.M > 0x7fffffff || p.N > 0x7fffffff || p.K > 0x7fffffff)
-    return refuse(FUSED_SM90_REFUSAL("M, N and K must fit in int32"));
+    return refuse(p, FUSED_SM90_REFUSAL("M, N and K must fit in int32"));
   return Status::Ok();
 }
 
-Status sm90_device_ok(const DeviceProperties& device) {
+Status sm90_device_ok(const DeviceProperties& device, const ForwardProblem& p) {
   if (device.compute_capability_major != 9)
-    return refuse(FUSED_SM90_REFUSAL("the GPU is not compute capability 9.x (Hopper)"));
+    return refuse(p, FUSED_SM90_REFUSAL("the GPU is not compute capability 9.x (Hopper)"));
+  return Status::Ok();
+}
+
+Status generic_can_implement(const ForwardProblem& p) {
+  if (wants_3xtf32(p))
+    return {StatusCode::kNotSupported,
+            "precision '3xtf32' runs on the sm90 path only, and path 'generic' was requested (argument or "
+            "GEMM_BN_SOFTMAX_PATH); the generic path's fp32 GEMM is exact fp32 (precision 'highest') or TF32"};
   return Status::Ok();
 }
 
@@ -102,17 +121,19 @@ Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const Devic
                    PathRequest request, GemmPath* path) {
   if (request == PathRequest::kAuto) FUSED_RETURN_IF_ERROR(request_from_environment(&request));
   if (request == PathRequest::kGeneric) {
+    FUSED_RETURN_IF_ERROR(generic_can_implement(p));
     *path = GemmPath::kGeneric;
     return Status::Ok();
   }
-  Status sm90_ok = sm90_device_ok(device);
+  Status sm90_ok = sm90_device_ok(device, p);
   if (sm90_ok.ok()) sm90_ok = sm90_can_implement(p, b);
-  if (request == PathRequest::kSm90) {
+  if (request == PathRequest::kSm90 || wants_3xtf32(p)) {  // rule 0: no other path for 3xTF32
     if (!sm90_ok.ok()) return sm90_ok;
     *path = GemmPath::kSm90;
     return Status::Ok();
   }
-  const bool tiny_tf32 = p.dtype == ElementType::kFloat32 && p.M <= kExactFp32MaxBatch;  // rule 2
+  const bool tiny_tf32 =
+      p.dtype == ElementType::kFloat32 && p.precision == MatmulPrecision::kTF32 && p.M <= kExactFp32MaxBatch;  // rule 2
   *path = sm90_ok.ok() && !tiny_tf32 && sm90_preferred(p, device.multiprocessor_count) ? GemmPath::kSm90
                                                                                       : GemmPath::kGeneric;
   return Status::Ok();

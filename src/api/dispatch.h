@@ -9,7 +9,9 @@ namespace fused::cuda {
 // Whether the sm90 kernels take this problem and these buffers (build, dtype, precision, TMA's
 // operand rules); null buffers count as fresh allocations (see choose_path). kNotSupported + reason.
 Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b);
-// Whether `device` can run the sm90 kernels (compute capability 9.x).
-Status sm90_device_ok(const DeviceProperties& device);
+// Whether `device` can run the sm90 kernels (compute capability 9.x); `p` words the refusal.
+Status sm90_device_ok(const DeviceProperties& device, const ForwardProblem& p);
+// Whether the generic path takes this problem: everything but precision 3xTF32. kNotSupported + reason.
+Status generic_can_implement(const ForwardProblem& p);
 
 }  // namespace fused::cuda

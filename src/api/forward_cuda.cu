@@ -26,7 +26,8 @@ Status sm90_tile(const ForwardProblem& p, sm90::Sm90Tile& tile) {
   FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice failed"));
   DeviceProperties props;
   FUSED_RETURN_IF_ERROR(device_properties(device, &props));
-  tile = sm90::choose_tile(p.M, p.N, props.multiprocessor_count);
+  tile = p.precision == MatmulPrecision::k3xTF32 ? sm90::k3xTf32Tile
+                                                 : sm90::choose_tile(p.M, p.N, props.multiprocessor_count);
   return Status::Ok();
 }
 #endif
@@ -68,7 +69,7 @@ std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, const ColumnStats
                        bool include_cublaslt_workspace) {
 #if defined(FUSED_WITH_SM90)
   if (path == GemmPath::kSm90)
-    return align_up(sm90::gemm_workspace_bytes(p.dtype, gemm_args(p, ForwardBuffers{}, partials)));
+    return align_up(sm90::gemm_workspace_bytes(p.dtype, p.precision, gemm_args(p, ForwardBuffers{}, partials)));
 #else
   (void)partials;
 #endif
@@ -146,12 +147,13 @@ Status carve(const ForwardProblem& p, GemmPath path, float* save_mean, void* wor
 // The path's own preconditions on this device.
 Status check_path(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path) {
   if (path != GemmPath::kSm90 && path != GemmPath::kGeneric) return {StatusCode::kInvalidArgument, "unknown GemmPath"};
+  if (path == GemmPath::kGeneric) return generic_can_implement(p);
   if (path == GemmPath::kSm90) {
     int device = 0;
     FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
     DeviceProperties props;
     FUSED_RETURN_IF_ERROR(device_properties(device, &props));
-    FUSED_RETURN_IF_ERROR(sm90_device_ok(props));
+    FUSED_RETURN_IF_ERROR(sm90_device_ok(props, p));
     FUSED_RETURN_IF_ERROR(sm90_can_implement(p, b));
   }
   return Status::Ok();
@@ -166,12 +168,7 @@ Status gemm_and_partials(const ForwardProblem& p, const ForwardBuffers& b, GemmP
     util::NvtxRange range("fused::gemm_stats_sm90");
     sm90::GemmStatsArgs args = gemm_args(p, b, w.partials);
     if (with_partials) args.partials = w.partials;
-    switch (p.dtype) {
-      case ElementType::kBFloat16: return sm90::run_gemm_stats_bf16(args, w.gemm, stream);
-      case ElementType::kFloat16: return sm90::run_gemm_stats_fp16(args, w.gemm, stream);
-      case ElementType::kFloat32: return sm90::run_gemm_stats_tf32(args, w.gemm, stream);
-      default: return {StatusCode::kNotSupported, "sm90 GEMM: unsupported dtype"};
-    }
+    return sm90::run_gemm_stats(p.dtype, p.precision, args, w.gemm, stream);
 #else
     return {StatusCode::kNotSupported, "this build has no sm90 kernels"};
 #endif

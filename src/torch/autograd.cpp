@@ -95,8 +95,7 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     ctx->saved_data["edge"] = c10::List<int64_t>(edge);
     ctx->saved_data["batch_stats"] = batch_norm_uses_batch_stats(training, defined(running_mean));
     // The backward GEMMs run in the forward's precision, resolved now (a later flag change does not count).
-    ctx->saved_data["precision"] =
-        std::string(resolve_precision(linear, precision) == MatmulPrecision::kTF32 ? "tf32" : "highest");
+    ctx->saved_data["precision"] = std::string(precision_name(resolve_precision(linear, precision)));
     // Gradients of x, weight and bias come back in the parameter's own dtype (fp32 master weights
     // under autocast): the GEMMs write them directly, no bf16 round trip.
     ctx->saved_data["linear_grad_dtype"] = weight.scalar_type();

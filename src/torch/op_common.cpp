@@ -27,8 +27,9 @@ bool counts_batch(const OpArgs& a) { return a.training && a.has_running_stats() 
 
 void check_precision(const std::optional<std::string>& precision) {
   if (!precision.has_value()) return;
-  TORCH_CHECK(*precision == "highest" || *precision == "tf32" || *precision == "high" || *precision == "medium",
-              "precision must be None, 'highest', 'high', 'medium' or 'tf32', got '", *precision, "'");
+  TORCH_CHECK(*precision == "highest" || *precision == "tf32" || *precision == "high" || *precision == "medium" ||
+                  *precision == "3xtf32",
+              "precision must be None, 'highest', 'high', 'medium', 'tf32' or '3xtf32', got '", *precision, "'");
 }
 
 }  // namespace
@@ -214,11 +215,22 @@ SumsOutputs allocate_sums_outputs(const BackwardArgs& a) {
 
 MatmulPrecision resolve_precision(at::ScalarType linear_dtype, const std::optional<std::string>& precision) {
   if (linear_dtype != at::kFloat) return MatmulPrecision::kHighest;  // unused for bf16/fp16
-  if (precision.has_value()) return *precision == "highest" ? MatmulPrecision::kHighest : MatmulPrecision::kTF32;
+  if (precision.has_value()) {
+    if (*precision == "highest") return MatmulPrecision::kHighest;
+    return *precision == "3xtf32" ? MatmulPrecision::k3xTF32 : MatmulPrecision::kTF32;
+  }
   return at::globalContext().allowTF32CuBLAS() ? MatmulPrecision::kTF32 : MatmulPrecision::kHighest;
 }
 
 MatmulPrecision resolve_precision(const OpArgs& a) { return resolve_precision(a.linear_dtype(), a.precision); }
+
+const char* precision_name(MatmulPrecision p) {
+  switch (p) {
+    case MatmulPrecision::kTF32: return "tf32";
+    case MatmulPrecision::k3xTF32: return "3xtf32";
+    default: return "highest";
+  }
+}
 
 LinearOperands linear_operands(const OpArgs& a) {
   const at::ScalarType t = a.linear_dtype();

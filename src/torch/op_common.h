@@ -79,9 +79,12 @@ LinearOperands linear_operands(const OpArgs& a);
 
 ElementType element_type(at::ScalarType t);
 
-// "highest" | "tf32" from the argument, or from torch's float32 matmul settings when None.
+// "highest" | "tf32" ("high", "medium") | "3xtf32" from the argument, or from torch's float32 matmul
+// settings when None (which never select 3xtf32: it is asked for by name).
 MatmulPrecision resolve_precision(const OpArgs& a);
 MatmulPrecision resolve_precision(at::ScalarType linear_dtype, const std::optional<std::string>& precision);
+// The argument value that names a resolved precision: "highest", "tf32" or "3xtf32".
+const char* precision_name(MatmulPrecision p);
 
 // The path the op would take for these Linear operands (check_linear_args only, nothing allocated):
 // "cpu" (a forced CUDA path is refused; op_cpu.cpp), or "sm90" / "generic" as

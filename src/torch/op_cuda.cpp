@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "cublas_gemm.h"
+#include "fused/backward.h"
 #include "op_common.h"
 
 namespace fused::torch_op {
@@ -94,6 +95,42 @@ cuda::GemmPath choose(const OpArgs& a, const ForwardBuffers& b) {
   return path;
 }
 
+// dx = dy W and dW = dy^T x through the 3xTF32 kernel (c = a b^T, both operands K-major): b = W^T
+// for dx; a = dy^T (padded by the dy pass) and b = x^T, zero-padded alike, for dW. A gradient that
+// is not a dense fp32 matrix is computed into one and copied.
+void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::Tensor& dy_t, Grads& grads,
+                         cudaStream_t stream) {
+  const auto& m = a.output_mask;
+  const int64_t M = a.M(), N = a.N(), K = m[kGradX] ? a.weight->size(1) : a.x->size(1);
+  auto gemm = [&](at::Tensor& out, int64_t rows, int64_t cols, int64_t k, const at::Tensor& lhs, const at::Tensor& rhs) {
+    if (rows == 0 || cols == 0) return;
+    if (k == 0 || M == 0) {
+      out.zero_();
+      return;
+    }
+    const bool direct = out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.stride(0) % 4 == 0;
+    at::Tensor c = direct ? out : at::empty({rows, cols}, lhs.options().dtype(at::kFloat));
+    const std::size_t ws_bytes = cuda::gemm_3xtf32_workspace_bytes(rows, cols, k);
+    at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, lhs.options().dtype(at::kByte));
+    throw_on_error(cuda::gemm_3xtf32(rows, cols, k, lhs.data_ptr<float>(), lhs.stride(0), rhs.data_ptr<float>(),
+                                     rhs.stride(0), c.data_ptr<float>(), c.stride(0), workspace.data_ptr(), ws_bytes,
+                                     stream),
+                   "gemm_bn_softmax_backward (CUDA, 3xTF32 GEMM)");
+    if (!direct) out.copy_(c);
+  };
+  if (m[kGradX]) {  // dx (M, K) = dy (M, N) [W^T (K, N)]^T
+    const at::Tensor w_t = a.weight->to(at::kFloat).t().contiguous();
+    gemm(std::get<kGradX>(grads), M, K, N, dy, w_t);
+  }
+  if (m[kGradWeight]) {  // dW (N, K) = dy^T (N, M) [x^T (K, M)]^T
+    const int64_t ld = dy_t.defined() ? dy_t.size(1) : M;
+    at::Tensor x_t = at::empty({K, ld}, a.x->options().dtype(at::kFloat));
+    if (ld != M) x_t.narrow(1, M, ld - M).zero_();
+    x_t.narrow(1, 0, M).copy_(a.x->t());
+    gemm(std::get<kGradWeight>(grads), N, K, ld, dy_t, x_t);
+  }
+}
+
 }  // namespace
 
 std::string select_cuda_path(const OpArgs& a) {
@@ -176,10 +213,13 @@ Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
   const auto& m = a.output_mask;
   const at::ScalarType gemm = a.gemm_dtype();
   const MatmulPrecision precision = resolve_precision(gemm, a.precision);
+  const bool three_x_tf32 = precision == MatmulPrecision::k3xTF32;
   // TF32 tensor cores take K-major operands only: dW = dy^T x reduces over M, so it reads dy^T
   // (written by the dy pass) instead of a transposed view of dy (1.8x slower in cuBLAS). dx = dy W
-  // reads dy itself.
-  const bool transposed_dy = m[kGradWeight] && gemm == at::kFloat && precision == MatmulPrecision::kTF32;
+  // reads dy itself. The 3xTF32 kernel also needs its K (here M) a multiple of 4: dy^T's rows are
+  // padded with zero columns (x^T's below too).
+  const bool transposed_dy = m[kGradWeight] && gemm == at::kFloat && precision != MatmulPrecision::kHighest;
+  const int64_t ld_dy_t = three_x_tf32 ? (a.M() + 3) / 4 * 4 : a.M();
   const auto dy_options = a.grad_out.options().dtype(gemm);
   at::Tensor dy, dy_t;
   if (m[kGradX] || (m[kGradWeight] && !transposed_dy)) {
@@ -188,9 +228,10 @@ Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
     t.buffers.lddy = a.N();
   }
   if (transposed_dy) {
-    dy_t = at::empty({a.N(), a.M()}, dy_options);
+    dy_t = at::empty({a.N(), ld_dy_t}, dy_options);
+    if (ld_dy_t != a.M()) dy_t.narrow(1, a.M(), ld_dy_t - a.M()).zero_();
     t.buffers.dy_t = dy_t.data_ptr();
-    t.buffers.lddy_t = a.M();
+    t.buffers.lddy_t = ld_dy_t;
   }
   t.buffers.dy_dtype = element_type(gemm);
   const BackwardProblem& p = t.problem;
@@ -201,6 +242,10 @@ Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
   t.commit(grads);
 
   const int64_t M = a.M(), N = a.N();
+  if (three_x_tf32) {
+    linear_grads_3xtf32(a, dy, dy_t, grads, stream);
+    return grads;
+  }
   if (m[kGradX]) {  // dx (M, K) = dy (M, N) W (N, K)
     at::Tensor& dx = std::get<kGradX>(grads);
     const at::Tensor w = as_row_major(*a.weight);

@@ -4,6 +4,7 @@
 // fp32 GEMM and 1xTF32.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -111,6 +112,48 @@ float three_products(SplitFn split, float a, float b) {
 
 // With split_toward_zero, the three products of a * b give fp32's a * b for every pair of
 // infinite, NaN, zero and finite operands.
+// The kernels' branch-free small part is split_toward_zero's, bit for bit: every special class
+// (zeros, TF32-exact values of every exponent, subnormals, inf, NaNs with payload bits above and
+// only below TF32's) and 2^22 random bit patterns.
+TEST(Tf32Split, BranchFreeSmallPartMatchesSplitTowardZero) {
+  auto check = [](uint32_t u) {
+    const float a = bits_float(u);
+    const uint32_t want = float_bits(tf32::split_toward_zero(a).small), got = float_bits(tf32::small_toward_zero(a));
+    ASSERT_EQ(got, want) << "a bits 0x" << std::hex << u;
+  };
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t e = 0; e <= 0xffu; ++e)
+      for (uint32_t m : {0u, 1u, 0x1000u, 0x1fffu, 0x2000u, 0x3000u, 0x400000u, 0x7fe000u, 0x7fffffu, 0x7ff000u})
+        check(sign | (e << 23) | m);
+  std::mt19937 rng(2026);
+  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
+  // A NaN's small part is a NaN whose TF32 bits are NaN too, even when a's payload is below TF32's.
+  EXPECT_TRUE(std::isnan(tf32::truncate(tf32::small_toward_zero(bits_float(0x7f800001u)))));
+}
+
+// The rewritable split: big is round_nearest(a), small is exact (big + small == a bit for bit) and at
+// most half a TF32 ulp of a (on the subnormal grid below 2^-126), for every finite a below 2^127 (every exponent and mantissa class, and
+// 2^22 random patterns).
+TEST(Tf32Split, NearestExactSplitsExactly) {
+  auto check = [](uint32_t u) {
+    const float a = bits_float(u);
+    if (!tf32::finite(a) || std::fabs(a) >= std::ldexp(1.0f, 127)) return;
+    const tf32::Split s = tf32::split_nearest_exact(a);
+    ASSERT_EQ(float_bits(s.big), float_bits(tf32::round_nearest(a))) << "a bits 0x" << std::hex << u;
+    ASSERT_EQ(float_bits(s.big + s.small), float_bits(a) == 0x80000000u ? 0u : float_bits(a))
+        << "a bits 0x" << std::hex << u;
+    // half a TF32 ulp: 2^-11 |a| at most, or half the subnormal grid's spacing 2^-136
+    ASSERT_LE(std::fabs(double(s.small)), std::max(std::ldexp(std::fabs(double(a)), -11), std::ldexp(1.0, -137)))
+        << "a bits 0x" << std::hex << u;
+  };
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t e = 0; e < 0xfeu; ++e)
+      for (uint32_t m : {0u, 1u, 0x1000u, 0x1fffu, 0x2000u, 0x3000u, 0x400000u, 0x7fe000u, 0x7fffffu, 0x7ff000u})
+        check(sign | (e << 23) | m);
+  std::mt19937 rng(2028);
+  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
+}
+
 TEST(Tf32Split, TowardZeroKeepsFp32SemanticsForInfAndNaN) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const float values[] = {inf, -inf, nan, 0.0f, -0.0f, 1.5f, -1.5f, 3.0f, 0.1f, -0.7f, 1e-30f, 1e30f, -1e30f};

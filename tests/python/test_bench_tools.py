@@ -55,7 +55,7 @@ def test_bench_plan_covers_the_cases():
     todo = bench_forward.plan(args)
     cases = {t[0] for t in todo}
     assert cases == set(bench_forward.CASES) - {"train"} | set(bench_forward.TRAIN_CASES)
-    assert {t[4] for t in todo if t[0] == "headline"} == {"fp32", "tf32", "bf16", "fp16"}
+    assert {t[4] for t in todo if t[0] == "headline"} == {"fp32", "tf32", "3xtf32", "bf16", "fp16"}
     assert sorted({t[1] for t in todo if t[0] == "m-sweep"}) == [256, 1024, 4096, 16384, 65536]
     assert sorted({t[2] for t in todo if t[0] == "n-sweep"}) == [512, 2048, 8192, 32768, 131072]
     assert all(t[6] == ("default", "max-autotune") for t in todo if t[0] == "headline")
@@ -108,7 +108,7 @@ def test_bench_plan_train_cases():
     train = [t for t in todo if t[0] in bench_forward.TRAIN_CASES]
     assert "autocast-bf16" not in {t[4] for t in todo if t[0] not in bench_forward.TRAIN_CASES}
     headline = [t for t in train if t[0] == "train-step" and t[1:4] == (1024, 8192, 8192)]
-    assert [t[4] for t in headline] == ["fp32", "tf32", "bf16", "fp16", "autocast-bf16"]
+    assert [t[4] for t in headline] == ["fp32", "tf32", "3xtf32", "bf16", "fp16", "autocast-bf16"]
     sgd = [t for t in train if t[0] == "train-step-sgd"]
     assert {t[4] for t in sgd} == {"bf16", "autocast-bf16"} and all(t[1:4] == (1024, 8192, 8192) for t in sgd)
     for mode in ("bf16", "tf32"):  # the M sweep, whose M = 1024 is the headline record

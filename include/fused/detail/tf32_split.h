@@ -20,7 +20,8 @@
 //                      a * b for every pair of inf, NaN, zero and finite operands.
 //
 // Special cases (both splits):
-//   - inf splits into (inf, inf) (toward zero) or (inf, 0) (nearest); NaN into (NaN, 0);
+//   - inf splits into (inf, inf) (toward zero) or (inf, 0) (nearest); NaN into (NaN, quiet NaN)
+//     (toward zero) or (NaN, 0) (nearest);
 //     zero into (0, 0) (inf * 0 is NaN in fp32 too);
 //   - toward zero: a finite nonzero a that TF32 holds exactly (a - big = 0) gets the small part
 //     +-2^(exponent(a) - 30) instead of 0, so that inf * small_a is inf and not NaN; it changes a
@@ -82,9 +83,14 @@ FUSED_HD Split split_nearest(float a) {
 // Exponent offset of the small part of a value TF32 holds exactly (split_toward_zero).
 constexpr int kExactSmallExponent = 30;
 
+// A quiet NaN whose TF32 bits are NaN too (a NaN with payload bits only below TF32's would read as
+// inf on TF32 tensor cores).
+constexpr uint32_t kQuietNaNBits = 0x7fc00000u;
+
 FUSED_HD Split split_toward_zero(float a) {
   const uint32_t u = half_bits::float_bits(a);
-  if (!finite(a)) return {a, (u & ~(kSignMask | kExponentMask)) == 0 ? a : 0.0f};  // inf: (inf, inf)
+  if (!finite(a))  // inf: (inf, inf); NaN: (NaN, NaN), so that a NaN stays NaN whatever its big part reads as
+    return {a, (u & ~(kSignMask | kExponentMask)) == 0 ? a : half_bits::bits_float(kQuietNaNBits)};
   const float big = truncate(a);
   const float small = round_nearest(a - big);  // a - big has a's sign, so has its rounding
   if (small != 0.0f || a == 0.0f) return {big, small};
@@ -95,6 +101,41 @@ FUSED_HD Split split_toward_zero(float a) {
   // Subnormal: 2^-149 * 2^shift. TF32 keeps the subnormal bits from 2^-136 up (shift >= 13).
   const int32_t shift = 22 + exponent;
   return {big, shift >= 13 ? half_bits::bits_float(sign | (1u << shift)) : 0.0f};
+}
+
+// split_toward_zero(a).small, the same bits for every input, with selects instead of branches:
+// what a kernel computes for every element of its operand tiles (a few integer operations each).
+FUSED_HD float small_toward_zero(float a) {
+  const uint32_t u = half_bits::float_bits(a);
+  const uint32_t sign = u & kSignMask;
+  const uint32_t exponent_field = (u & kExponentMask) >> 23;
+  // Finite a: a - big is exact, has a's sign (or is +0) and lies far below TF32's largest value,
+  // so round_nearest reduces to its integer rounding.
+  const uint32_t d = half_bits::float_bits(a - half_bits::bits_float(u & ~kDroppedMask));
+  const uint32_t rounded = (d + (kDroppedMask >> 1) + ((d >> kDroppedBits) & 1u)) & ~kDroppedMask;
+  // TF32 holds a exactly: +-2^(exponent(a) - 30), on the subnormal grid below 2^-126 (see above).
+  const int32_t exponent = static_cast<int32_t>(exponent_field) - kExactSmallExponent;
+  const int32_t shift = 22 + exponent;
+  const uint32_t shift_clamped = static_cast<uint32_t>(shift < 0 ? 0 : (shift > 31 ? 31 : shift));
+  const uint32_t exact_small = exponent >= 1 ? (sign | (static_cast<uint32_t>(exponent) << 23))
+                                             : (shift >= 13 ? (sign | (1u << shift_clamped)) : 0u);
+  const bool a_zero = (u & ~kSignMask) == 0;
+  const bool rounded_zero = (rounded & ~kSignMask) == 0;
+  uint32_t small = rounded_zero && !a_zero ? exact_small : rounded;
+  if (exponent_field == 0xffu) small = (u & ~(kSignMask | kExponentMask)) == 0 ? u : kQuietNaNBits;
+  return half_bits::bits_float(small);
+}
+
+// For kernels that may rewrite their raw tile: big = a rounded to nearest TF32 (ties to even) and
+// small = a - big exactly (fp32 holds it: at most 13 significant bits; TF32 tensor cores then read
+// its top 11). a == big + small bit for bit, so the split can be undone. Finite a below 2^127 only
+// (at |a| >= 2^127 the rounding may reach inf); other values are the caller's to route elsewhere.
+// |small| <= 2^-12 |a| against 2^-11 |a| for the truncating splits: the dropped small * small term
+// and the tensor cores' truncation of small stay 4x smaller.
+FUSED_HD Split split_nearest_exact(float a) {
+  const uint32_t u = half_bits::float_bits(a);
+  const float big = half_bits::bits_float((u + (kDroppedMask >> 1) + ((u >> kDroppedBits) & 1u)) & ~kDroppedMask);
+  return {big, a - big};
 }
 
 }  // namespace fused::tf32

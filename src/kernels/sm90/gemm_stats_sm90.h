@@ -37,28 +37,23 @@ struct GemmStatsArgs {
   Sm90Tile tile = Sm90Tile::k256x128;  // the kernel shape; the partials geometry follows it
 };
 
-// Device workspace the GEMM itself needs (tile scheduler etc.), bytes. Dispatches on dtype to the
-// per-instantiation functions below (fp32 -> tf32 kernel). 0 if the arguments are invalid.
-std::size_t gemm_workspace_bytes(ElementType dtype, const GemmStatsArgs& args);
+// Device workspace the GEMM itself needs (tile scheduler etc.), bytes, of the kernel run_gemm_stats
+// picks. 0 if the arguments are invalid.
+std::size_t gemm_workspace_bytes(ElementType dtype, MatmulPrecision precision, const GemmStatsArgs& args);
 
-// One function per element type; each dispatches on args.tile to one TU per (element type, tile).
-//   bf16 / fp16: A, B in that type; tf32: A, B fp32, tf32 tensor-core MMA.
+// The kernel of an (element type, precision), through one TU per (kernel, tile):
+//   bf16 / fp16: A, B in that type; fp32 at kTF32: A, B fp32, TF32 tensor-core MMA;
+//   fp32 at k3xTF32: 3xTF32 (kernels/sm90/mainloop_3xtf32.hpp), fp32-grade accuracy; its one tile is
+//   k3xTf32Tile, so args.tile must be that.
+// fp32 at kHighest has no sm90 kernel (kNotSupported).
 // Requirements (else kNotSupported / kInvalidArgument, nothing launched): K, ldx, ldw multiples of
 // 16 bytes; N, ldy multiples of 4; x, w, y 16-byte aligned; M, N, K < 2^31; partials either both
 // null or of geometry [>= ceil(M / partials_row_tile(args.tile)), partials_ld(N)]. The bias needs no
-// alignment.
+// alignment. With null partials and a null bias the kernel is a plain GEMM y = x W^T.
 // Launches on `stream` (the current device); asynchronous.
-Status run_gemm_stats_bf16(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
-Status run_gemm_stats_fp16(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
-Status run_gemm_stats_tf32(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
-
-#if defined(FUSED_WITH_3XTF32_EXPERIMENT)
-// EXPERIMENTAL (-DFUSED_3XTF32_EXPERIMENT=ON; not used by the op): fp32 inputs through a 3xTF32
-// mainloop with promoted accumulation (kernels/sm90/mainloop_3xtf32.hpp), 128x128 cooperative
-// tile: args.tile must be Sm90Tile::k128x128. Same requirements as run_gemm_stats_tf32.
-Status run_gemm_stats_3xtf32_experiment(const GemmStatsArgs& args, void* workspace, cudaStream_t stream);
-std::size_t gemm_workspace_bytes_3xtf32_experiment(const GemmStatsArgs& args);
-#endif
+Status run_gemm_stats(ElementType dtype, MatmulPrecision precision, const GemmStatsArgs& args, void* workspace,
+                      cudaStream_t stream);
+constexpr Sm90Tile k3xTf32Tile = Sm90Tile::k128x128;
 
 // The instantiations behind the functions above (one TU each).
 namespace instances {
@@ -71,6 +66,7 @@ FUSED_SM90_INSTANCE(tf32_256x128)
 FUSED_SM90_INSTANCE(bf16_128x128)
 FUSED_SM90_INSTANCE(fp16_128x128)
 FUSED_SM90_INSTANCE(tf32_128x128)
+FUSED_SM90_INSTANCE(3xtf32_128x128)
 #undef FUSED_SM90_INSTANCE
 }  // namespace instances
 

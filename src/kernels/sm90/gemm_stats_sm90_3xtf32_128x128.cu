@@ -1,6 +1,5 @@
-// EXPERIMENTAL (built with -DFUSED_3XTF32_EXPERIMENT=ON only): the sm90 GEMM + column statistics with
-// fp32 inputs through the 3xTF32 mainloop (kernels/sm90/mainloop_3xtf32.hpp), 128x128 cooperative
-// tile, cluster 1x1; the statistics epilogue is the tf32 kernel's.
+// sm90 GEMM + column statistics, fp32 inputs through the 3xTF32 mainloop (kernels/sm90/mainloop_3xtf32.hpp),
+// 128x128 cooperative tile, cluster 1x1; the statistics epilogue is the tf32 kernel's.
 #include "kernels/sm90/gemm_stats_sm90.cuh"
 #include "kernels/sm90/mainloop_3xtf32.hpp"
 
@@ -8,9 +7,8 @@ namespace fused::sm90 {
 namespace detail {
 namespace {
 
-// Promote the wgmma accumulator every 8 k-tiles of 32: 256 K-elements.
-constexpr int kPromoteKTiles = 8;
 constexpr int kSm90SharedMemoryBytes = 232448;  // what one CTA may use on sm90 (227 KiB)
+
 
 struct GemmStats3xTf32Kernel {
   // The tf32 128x128 cooperative kernel supplies the epilogue, the TF32 TiledMma and the layouts.
@@ -27,10 +25,10 @@ struct GemmStats3xTf32Kernel {
   using FusionCallbacks = typename Reference::FusionCallbacks;
   using CollectiveEpilogue = typename Reference::CollectiveEpilogue;
 
-  // Stages: what shared memory holds after the epilogue, the two small-part buffers and the kernel's
-  // own barriers (1 KiB margin).
+  // Stages: what shared memory holds after the epilogue, the ring of small parts (two stages' worth)
+  // and the kernel's own barriers (1 KiB margin).
   static constexpr int kStageBytes = int(size<0>(TileShape{}) + size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
-  static constexpr int kSmallBytes = kStageBytes;
+  static constexpr int kSmallBytes = 2 * kStageBytes;
   static constexpr int kStages =
       (kSm90SharedMemoryBytes - int(sizeof(typename CollectiveEpilogue::SharedStorage)) - kSmallBytes -
        1024) / (kStageBytes + 16);
@@ -42,7 +40,7 @@ struct GemmStats3xTf32Kernel {
       TileShape, ElementA, typename RefMainloop::StrideA, ElementB, typename RefMainloop::StrideB,
       typename RefMainloop::TiledMma, typename RefMainloop::GmemTiledCopyA, typename RefMainloop::SmemLayoutAtomA, void,
       cute::identity, typename RefMainloop::GmemTiledCopyB, typename RefMainloop::SmemLayoutAtomB, void, cute::identity>;
-  using CollectiveMainloop = Mainloop3xTf32<BaseMainloop, kPromoteKTiles>;
+  using CollectiveMainloop = Mainloop3xTf32<BaseMainloop>;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
@@ -56,12 +54,15 @@ struct GemmStats3xTf32Kernel {
 }  // namespace
 }  // namespace detail
 
-Status run_gemm_stats_3xtf32_experiment(const GemmStatsArgs& args, void* workspace, cudaStream_t stream) {
+namespace instances {
+
+Status run_3xtf32_128x128(const GemmStatsArgs& args, void* workspace, cudaStream_t stream) {
   return detail::run_kernel<detail::GemmStats3xTf32Kernel>(args, workspace, stream);
 }
 
-std::size_t gemm_workspace_bytes_3xtf32_experiment(const GemmStatsArgs& args) {
+std::size_t workspace_3xtf32_128x128(const GemmStatsArgs& args) {
   return detail::kernel_workspace_bytes<detail::GemmStats3xTf32Kernel>(args);
 }
 
+}  // namespace instances
 }  // namespace fused::sm90
