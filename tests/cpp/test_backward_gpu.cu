@@ -5,8 +5,11 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -277,6 +280,60 @@ TEST(BackwardGpuDataParallel, RankSplitMatchesTheWholeBatch) {
   EXPECT_LE(test::rel_norm(summed(gbeta), whole.beta), 2e-6);
   EXPECT_LE(test::rel_norm(summed(gscale), whole.scale), 2e-6);
   for (double v : summed(gbias)) ASSERT_EQ(v, 0.0);
+}
+
+// The backward's 3xTF32 GEMM (fused::cuda::gemm_3xtf32): c = a b^T on row strides wider than the rows,
+// against float64 and a sequential fp32 dot product (the same operands, N(0,1)): no less accurate
+// than exact fp32 at K = 1028, the elements outside c's rows left as they were; its refusals
+// (unaligned K, too small a workspace, a GPU that is not Hopper) launch nothing.
+TEST(BackwardGemm3xTf32, MatchesFloat64AndRefusesWhatItCannotRun) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t m = 130, n = 68, k = 1028, lda = 1032, ldb = 1036, ldc = 72;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> a(m * lda), b(n * ldb);
+  for (auto& v : a) v = normal(rng);
+  for (auto& v : b) v = normal(rng);
+  Device da(a), db(b), dc(size_t(m * ldc) * sizeof(float));  // c poisoned: NaN
+  const std::size_t ws_bytes = cuda::gemm_3xtf32_workspace_bytes(m, n, k);
+  Device ws(std::max<std::size_t>(ws_bytes, 1));
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  const auto run = [&](int64_t kk, std::size_t ws_size) {
+    return cuda::gemm_3xtf32(m, n, kk, static_cast<const float*>(da.ptr), lda, static_cast<const float*>(db.ptr), ldb,
+                             static_cast<float*>(dc.ptr), ldc, ws.ptr, ws_size, nullptr);
+  };
+  if (major != 9) {
+    EXPECT_EQ(run(k, ws_bytes).code, StatusCode::kNotSupported);
+    GTEST_SKIP() << "not a Hopper GPU: refusal checked";
+  }
+  EXPECT_EQ(run(k - 2, ws_bytes).code, StatusCode::kNotSupported);  // K not a multiple of 4
+  if (ws_bytes > 0) EXPECT_EQ(run(k, ws_bytes - 1).code, StatusCode::kInvalidArgument);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (float v : dc.get<float>()) ASSERT_TRUE(std::isnan(v)) << "a refused call wrote c";
+  const Status st = run(k, ws_bytes);
+  ASSERT_TRUE(st.ok()) << st.message;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> c = dc.get<float>();
+  double e3 = 0, e32 = 0, r = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      float exact32 = 0.f;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        want += double(a[i * lda + kk]) * double(b[j * ldb + kk]);
+        exact32 = std::fma(a[i * lda + kk], b[j * ldb + kk], exact32);
+      }
+      e3 += (c[i * ldc + j] - want) * (c[i * ldc + j] - want);
+      e32 += (exact32 - want) * (exact32 - want);
+      r += want * want;
+    }
+    for (int64_t j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[i * ldc + j])) << "wrote past the row: " << i << ", " << j;
+  }
+  std::printf("3xTF32 GEMM %lldx%lldx%lld: rel err %.3g (exact fp32 %.3g)\n", (long long)m, (long long)n, (long long)k,
+              std::sqrt(e3 / r), std::sqrt(e32 / r));
+  EXPECT_LE(std::sqrt(e3 / r), std::sqrt(e32 / r));
 }
 
 }  // namespace

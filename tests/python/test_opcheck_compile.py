@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import DEVICES
+from conftest import DEVICES, IS_HOPPER
 from helpers import assert_cancelled_bias_grad, make_models, rel_err
 
 import gemm_bn_softmax as gbs
@@ -11,8 +11,8 @@ op = torch.ops.fused.gemm_bn_softmax.default
 
 
 def _sample(device, dtype=torch.float32, training=True, momentum=0.1, scale_n=False, bias=True, affine=True,
-            requires_grad=False):
-    m, n, k = 12, 10, 16
+            requires_grad=False, n=10):
+    m, k = 12, 16
     f = dict(device=device)
 
     def param(t):  # the differentiable arguments: x, weight, bias, bn_weight, bn_bias, scale
@@ -37,6 +37,16 @@ def test_opcheck(device, dtype, variant, requires_grad):
     """Schema, fake kernel, autograd registration and AOT dispatch; with requires_grad samples the
     op's Autograd kernel and its backward op are exercised too."""
     torch.library.opcheck(op, _sample(device, dtype, requires_grad=requires_grad, **VARIANTS[variant]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "requires_grad"])
+def test_opcheck_3xtf32(device, requires_grad):
+    """precision="3xtf32" (the CPU computes it exactly; CUDA runs the sm90 3xTF32 kernels, forward and
+    backward GEMMs), N = 12 so that the sm90 path takes it."""
+    if device == "cuda" and not IS_HOPPER:
+        pytest.skip("3xtf32 runs on Hopper's sm90 kernels only")
+    torch.library.opcheck(op, (*_sample(device, requires_grad=requires_grad, n=12), "3xtf32"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
