@@ -16,6 +16,7 @@
 #include "backward_problem.h"
 #include "fused/backward.h"
 #include "fused/detail/half_bits.h"
+#include "test_util.h"
 
 namespace fused {
 namespace {
@@ -319,12 +320,9 @@ TEST(BackwardGemm3xTf32, MatchesFloat64AndRefusesWhatItCannotRun) {
   double e3 = 0, e32 = 0, r = 0;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      double want = 0;
-      float exact32 = 0.f;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        want += double(a[i * lda + kk]) * double(b[j * ldb + kk]);
-        exact32 = std::fma(a[i * lda + kk], b[j * ldb + kk], exact32);
-      }
+      const test::DotReferences ref = test::dot_references(&a[i * lda], &b[j * ldb], k);
+      const double want = ref.float64;
+      const float exact32 = ref.fp32;
       e3 += (c[i * ldc + j] - want) * (c[i * ldc + j] - want);
       e32 += (exact32 - want) * (exact32 - want);
       r += want * want;

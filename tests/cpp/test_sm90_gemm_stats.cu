@@ -18,6 +18,7 @@
 
 #include "fused/detail/half_bits.h"
 #include "kernels/sm90/gemm_stats_sm90.h"
+#include "test_util.h"
 
 namespace {
 
@@ -424,14 +425,9 @@ TEST(Sm90Gemm3xTf32, AsAccurateAsExactFp32) {
     std::vector<float> exact32(M * N);
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {
-        double acc = 0;
-        float acc32 = 0.f;
-        for (int64_t k = 0; k < K; ++k) {
-          acc += double(x[i * K + k]) * double(w[j * K + k]);
-          acc32 = std::fma(x[i * K + k], w[j * K + k], acc32);
-        }
-        ref[i * N + j] = acc + bias[j];
-        exact32[i * N + j] = acc32 + bias[j];
+        const fused::test::DotReferences dot = fused::test::dot_references(&x[i * K], &w[j * K], K);
+        ref[i * N + j] = dot.float64 + bias[j];
+        exact32[i * N + j] = dot.fp32 + bias[j];
       }
     DeviceBuffer<float> dx(x.size()), dw(w.size()), db(N), dy(M * N);
     const int64_t row_tiles = (M + 127) / 128, ld = sm90::partials_ld(N);

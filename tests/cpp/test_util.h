@@ -8,6 +8,21 @@
 
 namespace fused::test {
 
+// The dot product of two k-element rows in float64 and as exact fp32 computes it (one fma after
+// another): the references of the 3xTF32 GEMM tests.
+struct DotReferences {
+  double float64 = 0.0;
+  float fp32 = 0.f;
+};
+inline DotReferences dot_references(const float* a, const float* b, int64_t k) {
+  DotReferences r;
+  for (int64_t i = 0; i < k; ++i) {
+    r.float64 += double(a[i]) * double(b[i]);
+    r.fp32 = std::fma(a[i], b[i], r.fp32);
+  }
+  return r;
+}
+
 // y[i, n] = offset[n] + std[n] * N(0, 1): columns with chosen |mean| / std.
 inline std::vector<float> random_columns(int64_t M, int64_t N, double mean_over_std, uint64_t seed) {
   std::mt19937_64 rng(seed);
