@@ -79,11 +79,12 @@ def exchange_records(record: torch.Tensor, group) -> torch.Tensor:
 
 
 def _resolved_precision(linear_dtype: torch.dtype, precision: Optional[str]) -> Optional[str]:
-    """The float32 GEMM precision fixed at the forward, for the backward's GEMMs."""
+    """The float32 GEMM precision fixed at the forward, for the backward's GEMMs (the op's own rule:
+    "highest" and "3xtf32" as named, "high" / "medium" / "tf32" as "tf32", None from torch's flag)."""
     if linear_dtype != torch.float32:
         return None
     if precision is not None:
-        return "highest" if precision == "highest" else "tf32"
+        return precision if precision in ("highest", "3xtf32") else "tf32"
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "highest"
 
 

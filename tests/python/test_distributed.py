@@ -144,6 +144,17 @@ def test_bad_records_are_refused(device):
         ops.gemm_bn_softmax_backward(*base, True, mask, None, None, row_dot[:-1], sums, sums[None])
 
 
+def test_backward_gemms_keep_the_forwards_precision():
+    """The data-parallel Functions fix the backward GEMMs' precision at the forward, as the op does:
+    "3xtf32" stays 3xTF32 (a tf32 backward would be silently less accurate)."""
+    from gemm_bn_softmax.distributed import _resolved_precision
+
+    assert _resolved_precision(torch.float32, "3xtf32") == "3xtf32"
+    assert _resolved_precision(torch.float32, "highest") == "highest"
+    assert all(_resolved_precision(torch.float32, p) == "tf32" for p in ("high", "medium", "tf32"))
+    assert _resolved_precision(torch.bfloat16, "3xtf32") is None
+
+
 def test_ops_pass_opcheck():
     """Schemas, fake (Meta) kernels and mutation annotations of the three data-parallel ops."""
     t = make_block("cpu")
