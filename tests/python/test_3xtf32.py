@@ -35,9 +35,12 @@ def _grads64(x, w, b, gamma, beta, grad_out):
 
 def test_cpu_computes_3xtf32_exactly():
     x, w, b, gamma, beta = _problem(64, 48, 40, "cpu")
-    three = gbs.gemm_bn_softmax(x, w, b, bn_weight=gamma, bn_bias=beta, precision="3xtf32")
-    exact = gbs.gemm_bn_softmax(x, w, b, bn_weight=gamma, bn_bias=beta, precision="highest")
+    grad_out = torch.randn(64, 48)
+    three, three_grads = _grads(x, w, b, gamma, beta, grad_out, "3xtf32")
+    exact, exact_grads = _grads(x, w, b, gamma, beta, grad_out, "highest")
     assert torch.equal(three, exact)
+    for g3, g in zip(three_grads, exact_grads):
+        assert torch.equal(g3, g)
 
 
 def test_unknown_precision_lists_3xtf32():
