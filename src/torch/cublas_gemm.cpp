@@ -47,7 +47,8 @@ void gemm_row_major(int64_t m, int64_t n, int64_t k, const GemmOperand& a, const
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   TORCH_CHECK(m <= kMax && n <= kMax && k <= kMax && a.ld <= kMax && b.ld <= kMax && ldc <= kMax,
               "gemm_bn_softmax: cuBLAS takes 32-bit sizes and strides");
-  TORCH_CHECK(precision != MatmulPrecision::k3xTF32, "gemm_bn_softmax: cuBLAS has no 3xTF32 GEMM (the sm90 kernel runs it)");
+  TORCH_CHECK(precision != MatmulPrecision::k3xTF32,
+              "gemm_bn_softmax: cuBLAS has no 3xTF32 GEMM (the sm90 kernel runs it)");
   const bool tf32 = ab_type == at::kFloat && precision == MatmulPrecision::kTF32;
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();  // current stream, workspace set
   // Exact fp32 = COMPUTE_32F under the default math mode, as torch's own fp32 matmul.

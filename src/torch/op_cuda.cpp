@@ -102,7 +102,8 @@ void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::
                          cudaStream_t stream) {
   const auto& m = a.output_mask;
   const int64_t M = a.M(), N = a.N(), K = m[kGradX] ? a.weight->size(1) : a.x->size(1);
-  auto gemm = [&](at::Tensor& out, int64_t rows, int64_t cols, int64_t k, const at::Tensor& lhs, const at::Tensor& rhs) {
+  auto gemm = [&](at::Tensor& out, int64_t rows, int64_t cols, int64_t k, const at::Tensor& lhs,
+                  const at::Tensor& rhs) {
     if (rows == 0 || cols == 0) return;
     if (k == 0 || M == 0) {
       out.zero_();

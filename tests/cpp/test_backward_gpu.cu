@@ -327,7 +327,8 @@ TEST(BackwardGemm3xTf32, MatchesFloat64AndRefusesWhatItCannotRun) {
       e32 += (exact32 - want) * (exact32 - want);
       r += want * want;
     }
-    for (int64_t j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[i * ldc + j])) << "wrote past the row: " << i << ", " << j;
+    for (int64_t j = n; j < ldc; ++j)
+      ASSERT_TRUE(std::isnan(c[i * ldc + j])) << "wrote past the row: " << i << ", " << j;
   }
   std::printf("3xTF32 GEMM %lldx%lldx%lld: rel err %.3g (exact fp32 %.3g)\n", (long long)m, (long long)n, (long long)k,
               std::sqrt(e3 / r), std::sqrt(e32 / r));

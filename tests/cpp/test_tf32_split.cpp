@@ -132,8 +132,8 @@ TEST(Tf32Split, BranchFreeSmallPartMatchesSplitTowardZero) {
 }
 
 // The rewritable split: big is round_nearest(a), small is exact (big + small == a bit for bit) and at
-// most half a TF32 ulp of a (on the subnormal grid below 2^-126), for every finite a below 2^127 (every exponent and mantissa class, and
-// 2^22 random patterns).
+// most half a TF32 ulp of a (on the subnormal grid below 2^-126), for every finite a below 2^127
+// (every exponent and mantissa class, and 2^22 random patterns).
 TEST(Tf32Split, NearestExactSplitsExactly) {
   auto check = [](uint32_t u) {
     const float a = bits_float(u);

@@ -76,8 +76,8 @@ def test_unaligned_operands_refuse_3xtf32():
 def test_forward_gemm_as_accurate_as_exact_fp32(m, n, k):
     x, w, b, gamma, beta = _problem(m, n, k, "cuda", seed=k)
     assert gbs.dispatch_path(x, w, b, precision="3xtf32") == "sm90"
-    run = {p: torch.ops.fused.gemm_bn_softmax(x, w, b, gamma, beta, None, None, None, torch.tensor([2.0], device="cuda"),
-                                              True, 0.1, 1e-5, p, None)
+    scale = torch.tensor([2.0], device="cuda")
+    run = {p: torch.ops.fused.gemm_bn_softmax(x, w, b, gamma, beta, None, None, None, scale, True, 0.1, 1e-5, p, None)
            for p in ("3xtf32", "highest", "tf32")}
     want, y64 = functional_ref64(x.cpu(), w.cpu(), b.cpu(), gamma.cpu(), beta.cpu(), scale=2.0)
     y_err = {p: rel_err(r[3], y64) for p, r in run.items()}

@@ -42,11 +42,14 @@ Status run_gemm_stats(ElementType dtype, MatmulPrecision precision, const GemmSt
     return args.tile == k3xTf32Tile ? instances::run_3xtf32_128x128(args, workspace, stream) : kWrongTile;
   switch (dtype) {
     case ElementType::kBFloat16:
-      return small ? instances::run_bf16_128x128(args, workspace, stream) : instances::run_bf16_256x128(args, workspace, stream);
+      return small ? instances::run_bf16_128x128(args, workspace, stream)
+                   : instances::run_bf16_256x128(args, workspace, stream);
     case ElementType::kFloat16:
-      return small ? instances::run_fp16_128x128(args, workspace, stream) : instances::run_fp16_256x128(args, workspace, stream);
+      return small ? instances::run_fp16_128x128(args, workspace, stream)
+                   : instances::run_fp16_256x128(args, workspace, stream);
     case ElementType::kFloat32:
-      return small ? instances::run_tf32_128x128(args, workspace, stream) : instances::run_tf32_256x128(args, workspace, stream);
+      return small ? instances::run_tf32_128x128(args, workspace, stream)
+                   : instances::run_tf32_256x128(args, workspace, stream);
     default: return kNoKernel;
   }
 }

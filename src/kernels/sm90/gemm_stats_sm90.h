@@ -16,6 +16,9 @@ namespace fused::sm90 {
 // The CTA tile fixes the partials format: one partial per (CTA row tile, column), i.e. a buffer of
 // [ceil(M / partials_row_tile(tile)), partials_ld(N)] (both tiles are 128 wide).
 enum class Sm90Tile : int { k256x128 = 0, k128x128 = 1 };
+// The 3xTF32 kernel's one shape: 128x128 cooperative (two accumulators per thread leave no room for
+// a 256x128 tile or a ping-pong one), with the 128-row partials format of k128x128.
+constexpr Sm90Tile k3xTf32Tile = Sm90Tile::k128x128;
 constexpr int64_t kCtaTileN = 128;                      // CTA tile N of every instantiation
 int64_t partials_row_tile(Sm90Tile tile = Sm90Tile::k256x128);   // == CTA tile M
 int64_t partials_ld(int64_t N);                         // == round_up(N, kCtaTileN)
@@ -53,7 +56,6 @@ std::size_t gemm_workspace_bytes(ElementType dtype, MatmulPrecision precision, c
 // Launches on `stream` (the current device); asynchronous.
 Status run_gemm_stats(ElementType dtype, MatmulPrecision precision, const GemmStatsArgs& args, void* workspace,
                       cudaStream_t stream);
-constexpr Sm90Tile k3xTf32Tile = Sm90Tile::k128x128;
 
 // The instantiations behind the functions above (one TU each).
 namespace instances {
