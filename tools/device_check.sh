@@ -11,6 +11,9 @@
 #     distributed: (a machine with 2+ GPUs) build, the data-parallel gtests, test_distributed.py
 #               (NCCL included), then bench_distributed.py with $BENCH_ARGS (BENCH_ARGS=none skips it).
 # CMAKE_ARGS: extra configure arguments, e.g. -DFUSED_BUILD_GEMM_SWEEP=ON.
+# GIT_REV: the commit the benchmark JSON records (its "git" field). Give it in the command, e.g.
+# GIT_REV=d940439: the GPU machine's copy of the repository may hold an older .git than the tree it
+# builds, so `git rev-parse` there can name the wrong commit.
 # Nothing is downloaded: the nvidia-cutlass wheel and the googletest .debs come from .device_cache/
 # (filled by tools/prepare_device_cache.sh on a machine with internet access).
 set -uo pipefail
