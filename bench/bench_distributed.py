@@ -21,7 +21,8 @@ between, so launch overheads hide behind the kernels as they do in a loop):
   collectives       what the collectives cost alone: "all_gather-moments" (2N + 1 float64 a rank, the
                     forward's exchange) and "all_reduce-grads" (every parameter's gradient in the model
                     dtype, what DDP reduces in each step)
-Every record carries "world_size", and "host_ms": the host time to issue one call onto an idle GPU. Writes bench/results/<gpu>-x<world>-<date>-distributed.json.
+Every record carries "world_size", and "host_ms": the host time to issue one call onto an idle GPU.
+Writes bench/results/<gpu>-x<world>-<date>-distributed.json.
 --profile prints rank 0's kernels (torch.profiler) for one fused forward and one fused step.
 
     python bench/bench_distributed.py                      # all GPUs of the machine, headline sizes

@@ -44,8 +44,9 @@ struct SoftmaxLayout {
   int vecs = 0;
   bool staged = false;
 };
-// The layout row_softmax uses for an (M, N) problem (it runs unstaged where staging cannot).
-SoftmaxLayout row_softmax_layout(int64_t M, int64_t N);
+// The layout row_softmax uses for rows of N columns (it runs a staged one unstaged where staging
+// cannot run, or where M does not fill the resident CTAs once).
+SoftmaxLayout row_softmax_layout(int64_t N);
 // Every layout built (row_softmax_with_layout runs these).
 std::vector<SoftmaxLayout> row_softmax_built_layouts();
 // row_softmax with a given layout (benchmarks, tests); kNotSupported for a layout that is not built

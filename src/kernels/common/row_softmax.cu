@@ -347,10 +347,10 @@ Status dispatch(const SoftmaxLayout& layout, bool fit_layout, const float* y, in
 
 }  // namespace
 
-SoftmaxLayout row_softmax_layout(int64_t M, int64_t N) {
-  (void)M;
+SoftmaxLayout row_softmax_layout(int64_t N) {
   // The row in registers while threads * 4 * vecs >= N; staged where the bulk copies can bring it
-  // and each CTA gets enough rows (else row_softmax runs the same layout unstaged); wider rows stream.
+  // (row_softmax runs the same layout unstaged where they cannot, and where M does not fill the
+  // resident CTAs once: launch_staged); wider rows stream.
   if (N <= 128 * 4 * 1) return {128, 1, true};
   if (N <= 256 * 4 * 2) return {256, 2, true};
   if (N <= 256 * 4 * 4) return {256, 4, true};
@@ -382,7 +382,7 @@ Status row_softmax_with_layout(const SoftmaxLayout& layout, const float* y, int6
 
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
                    int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream) {
-  return dispatch(row_softmax_layout(M, N), /*fit_layout=*/true, y, ldy, M, N, affine, out, ldo, dtype, row_lse,
+  return dispatch(row_softmax_layout(N), /*fit_layout=*/true, y, ldy, M, N, affine, out, ldo, dtype, row_lse,
                   stream);
 }
 

@@ -9,7 +9,6 @@ namespace {
 
 constexpr int kSm90SharedMemoryBytes = 232448;  // what one CTA may use on sm90 (227 KiB)
 
-
 struct GemmStats3xTf32Kernel {
   // The tf32 128x128 cooperative kernel supplies the epilogue, the TF32 TiledMma and the layouts.
   using Reference = GemmStatsKernel<float, GemmStatsConfig<128, int(kCtaTileN), 1, 1, false>>;
