@@ -131,12 +131,14 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
         impls = {"eager": lambda: ref(xd), "gemm": lambda: F.linear(xd, w, b), "module": lambda: fused(xd)}
         if mode != "3xtf32":  # the generic path has no 3xTF32 GEMM (it refuses)
             impls["generic"] = op("generic")
-        auto_path = gbs.dispatch_path(xd, w, b, precision=precision)  # what a user of the op gets
-        try:
-            gbs.dispatch_path(xd, w, b, precision=precision, path="sm90")  # raises where sm90 cannot run
-            impls["sm90"] = op("sm90")
-        except RuntimeError:
-            pass
+        # What a user of the op gets here (no_grad: y is not kept).
+        auto_path = gbs.dispatch_path(xd, w, b, precision=precision, differentiable=False)
+        for forced in ("sm90", "recompute"):
+            try:  # raises where that path cannot run (recompute: small K, y not kept, as here)
+                gbs.dispatch_path(xd, w, b, precision=precision, path=forced, differentiable=False)
+                impls[forced] = op(forced)
+            except RuntimeError:
+                pass
         for cmode in compile_modes:
             name = "compile" if cmode == "default" else "compile-max-autotune"
             impls[name] = compiled_peer(ref, xd, cmode, dynamic)
@@ -162,11 +164,11 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
             rec = {"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name,
                    "training": training, "ms": med, "ms_min": lo, "ms_max": hi,
                    "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err, **memory}
-            if name in ("generic", "sm90"):
+            if name in ("generic", "sm90", "recompute", "module"):
                 rec["auto_path"] = auto_path
             if name.startswith("compile"):
                 rec["compile_s"] = first_s
-            if profile and name in ("sm90", "generic", "module"):
+            if profile and name in ("sm90", "generic", "recompute", "module"):
                 rec["kernels"] = profile_kernels(fn)
             records.append(rec)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -483,7 +485,8 @@ def plan(a):
         ns = (512, 8192, 131072) if quick else (512, 2048, 8192, 32768, 131072)
         out += [("n-sweep", 1024, n, 4096, md, True, sweep_compile, True) for md in sweep_modes for n in ns]
     if "small-k" in a.cases:
-        out += [("small-k", 4096, 8192, 64, md, True, sweep_compile, False) for md in sweep_modes]
+        ks = (64, 128) if quick else (64, 128, 256)
+        out += [("small-k", 4096, 8192, k, md, True, sweep_compile, False) for md in sweep_modes for k in ks]
     if "train" in a.cases:
         out += train_plan(a, (hm, hn, hk))
     return out

@@ -154,7 +154,8 @@ def _run(args, device: torch.device, m: int, n: int, k: int, dtype: torch.dtype)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 
-    path = dispatch_path(xd, fused.gemm.weight, fused.gemm.bias, precision=precision)
+    # The forward above ran under no_grad: no gradient could be asked for.
+    path = dispatch_path(xd, fused.gemm.weight, fused.gemm.bias, precision=precision, differentiable=False)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     flops = 2.0 * m * n * k
     print(f"device {name} | {args.dtype} | M={m} N={n} K={k} | {'eval' if args.eval else 'training'} | path {path}")

@@ -69,7 +69,10 @@ def gemm_bn_softmax(
             fp32 every 32 K-elements; forward and backward GEMMs), asked for by name only. 3xtf32
             runs on Hopper's sm90 kernels only (aligned operands: K and N multiples of 4): elsewhere it
             raises rather than run less accurately. On the CPU every precision computes exactly.
-        path: None/"auto", "sm90" or "generic" to force a CUDA path (also GEMM_BN_SOFTMAX_PATH).
+        path: None/"auto", "sm90", "generic" or "recompute" to force a CUDA path (also
+            GEMM_BN_SOFTMAX_PATH). "recompute" (chosen automatically for K <= 128 in bf16/fp16,
+            K <= 64 in tf32, when no gradient can be asked for) never writes the fp32 y: it
+            recomputes the small-K GEMM in each pass instead.
         compute_dtype: the dtype the Linear part runs in (x, weight, bias rounded to it; their
             gradients come back in their own dtypes); None: x's dtype. Autocast sets it.
         out_dtype: dtype of the output; None: the compute dtype. Autocast sets it (fp32 on CUDA).
@@ -83,11 +86,14 @@ def gemm_bn_softmax(
     if process_group is not None and needs_sync(process_group, training):
         return sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, scale_t, momentum,
                                     eps, num_batches_tracked, precision, path, compute_dtype, out_dtype, process_group)
+    # y is not returned, so the op need not keep it (it still does when a backward may read it).
     return _op(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-               scale_t, training, momentum, eps, precision, path, compute_dtype, out_dtype)[0]
+               scale_t, training, momentum, eps, precision, path, compute_dtype, out_dtype, False)[0]
 
 
 def dispatch_path(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                  precision: Optional[str] = None, path: Optional[str] = None) -> str:
-    """Which implementation gemm_bn_softmax would run for these operands: "cpu", "sm90" or "generic"."""
-    return torch.ops.fused.dispatch_path(x, weight, bias, precision, path)
+                  precision: Optional[str] = None, path: Optional[str] = None, differentiable: bool = True) -> str:
+    """Which implementation gemm_bn_softmax would run for these operands: "cpu", "sm90", "generic"
+    or "recompute". ``differentiable=False`` asks for a call no gradient can be asked of (inference,
+    ``torch.no_grad()``), where y need not be kept."""
+    return torch.ops.fused.dispatch_path(x, weight, bias, precision, path, differentiable)

@@ -7,6 +7,7 @@
 #include "api/dispatch.h"
 #include "util/cuda_check.h"
 #include "util/device_info.h"
+#include "kernels/recompute/recompute.h"
 #if defined(FUSED_WITH_SM90)
 #include "kernels/sm90/gemm_stats_sm90.h"
 #endif
@@ -57,8 +58,10 @@ Status request_from_environment(PathRequest* out) {
     *out = PathRequest::kSm90;
   } else if (std::strcmp(env, "generic") == 0) {
     *out = PathRequest::kGeneric;
+  } else if (std::strcmp(env, "recompute") == 0) {
+    *out = PathRequest::kRecompute;
   } else {
-    return {StatusCode::kInvalidArgument, "GEMM_BN_SOFTMAX_PATH must be 'auto', 'sm90' or 'generic'"};
+    return {StatusCode::kInvalidArgument, "GEMM_BN_SOFTMAX_PATH must be 'auto', 'sm90', 'generic' or 'recompute'"};
   }
   return Status::Ok();
 }
@@ -105,6 +108,38 @@ Status generic_can_implement(const ForwardProblem& p) {
   return Status::Ok();
 }
 
+Status recompute_can_implement(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& device) {
+  auto refuse_recompute = [](const char* reason) {
+    return Status{StatusCode::kNotSupported, reason};
+  };
+#define FUSED_RECOMPUTE_REFUSAL(reason) "the recompute path cannot run this problem: " reason
+  if (p.keep_y)
+    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("it never writes y, and y is kept (keep_y; a backward reads y)"));
+  if (device.compute_capability_major < 8)
+    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("it needs compute capability 8.0 or newer (mma.sync)"));
+  const bool sixteen_bit = p.dtype == ElementType::kBFloat16 || p.dtype == ElementType::kFloat16;
+  if (!sixteen_bit && !(p.dtype == ElementType::kFloat32 && p.precision == MatmulPrecision::kTF32))
+    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("it runs bf16, fp16 and tf32 only"));
+  if (p.M == 0 || p.N == 0 || p.K == 0) return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("empty problem"));
+  if (p.K > recompute::max_k(p.dtype))
+    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("K must be at most 128 (bf16, fp16) or 64 (tf32)"));
+  const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
+  if (p.K % per16 != 0 || stride_or_dense(b.ldx, p.K) % per16 != 0 || stride_or_dense(b.ldw, p.K) % per16 != 0 ||
+      !aligned16_or_fresh(b.x) || !aligned16_or_fresh(b.weight))
+    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL(
+        "x and W must be 16-byte aligned, with K and their row strides multiples of 16 bytes"));
+  if (p.M > 0x7fffffff || util::ceil_div(p.N, recompute::kTileN) > recompute::kMaxGridY)
+    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("M must fit in int32 and N be at most 65535 * 128"));
+#undef FUSED_RECOMPUTE_REFUSAL
+  return Status::Ok();
+}
+
+Status y_given(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path) {
+  if (path == GemmPath::kRecompute || p.keep_y || p.M == 0 || p.N == 0 || b.y != nullptr) return Status::Ok();
+  return {StatusCode::kInvalidArgument,
+          "y is null (keep_y = false) but the sm90 and generic paths write y: pass a y, or run the recompute path"};
+}
+
 Status device_properties(int device, DeviceProperties* out) {
   if (device < 0 || device >= util::kMaxCachedDevices)
     return {StatusCode::kInvalidArgument, "device index out of range [0, 64)"};
@@ -125,6 +160,12 @@ Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const Devic
     *path = GemmPath::kGeneric;
     return Status::Ok();
   }
+  const Status recompute_ok = recompute_can_implement(p, b, device);
+  if (request == PathRequest::kRecompute) {
+    if (!recompute_ok.ok()) return recompute_ok;
+    *path = GemmPath::kRecompute;
+    return Status::Ok();
+  }
   Status sm90_ok = sm90_device_ok(device, p);
   if (sm90_ok.ok()) sm90_ok = sm90_can_implement(p, b);
   if (request == PathRequest::kSm90 || wants_3xtf32(p)) {  // rule 0: no other path for 3xTF32
@@ -134,6 +175,10 @@ Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const Devic
   }
   const bool tiny_tf32 =
       p.dtype == ElementType::kFloat32 && p.precision == MatmulPrecision::kTF32 && p.M <= kExactFp32MaxBatch;  // rule 2
+  if (recompute_ok.ok() && !tiny_tf32) {  // rule 4
+    *path = GemmPath::kRecompute;
+    return Status::Ok();
+  }
   *path = sm90_ok.ok() && !tiny_tf32 && sm90_preferred(p, device.multiprocessor_count) ? GemmPath::kSm90
                                                                                       : GemmPath::kGeneric;
   return Status::Ok();

@@ -13,5 +13,10 @@ Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b);
 Status sm90_device_ok(const DeviceProperties& device, const ForwardProblem& p);
 // Whether the generic path takes this problem: everything but precision 3xTF32. kNotSupported + reason.
 Status generic_can_implement(const ForwardProblem& p);
+// Whether the recompute path takes this problem on `device` (keep_y false, small K, cc >= 8.0, 16-byte
+// rules for x and W; null buffers count as fresh allocations). kNotSupported + reason.
+Status recompute_can_implement(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& device);
+// Whether a path that writes y has a y to write: keep_y, or a caller-given y. kInvalidArgument + reason.
+Status y_given(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path);
 
 }  // namespace fused::cuda

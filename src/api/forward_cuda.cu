@@ -7,6 +7,7 @@
 #include "api/forward_steps.h"
 #include "fused/gemm_bn_softmax.h"
 #include "kernels/generic/cublaslt_gemm.h"
+#include "kernels/recompute/recompute.h"
 #include "util/cuda_check.h"
 #include "util/nvtx.h"
 #if defined(FUSED_WITH_SM90)
@@ -43,8 +44,8 @@ Status partials_geometry(const ForwardProblem& p, GemmPath path, ColumnStatsPart
     g.ld = sm90::partials_ld(p.N);
   }
 #endif
-  if (path == GemmPath::kGeneric) {
-    g.row_tile = 128;
+  if (path == GemmPath::kGeneric || path == GemmPath::kRecompute) {
+    g.row_tile = 128;  // the generic partials kernel's and the recompute tile's rows
     g.ld = (p.N + 3) / 4 * 4;
   }
   if (g.row_tile > 0) g.num_row_tiles = util::ceil_div(p.M, g.row_tile);
@@ -76,6 +77,9 @@ std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, const ColumnStats
   if (path == GemmPath::kGeneric)
     return align_up(sizeof(float) * static_cast<std::size_t>(p.N)) +
            (include_cublaslt_workspace ? align_up(generic::cublaslt_workspace_bytes(p)) : 0);
+  if (path == GemmPath::kRecompute)
+    return align_up(sizeof(float) * static_cast<std::size_t>(recompute::row_parts_floats(p.M, p.N))) +
+           align_up(sizeof(float) * static_cast<std::size_t>(recompute::row_stats_floats(p.M)));
   return 0;
 }
 
@@ -146,17 +150,44 @@ Status carve(const ForwardProblem& p, GemmPath path, float* save_mean, void* wor
 
 // The path's own preconditions on this device.
 Status check_path(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path) {
-  if (path != GemmPath::kSm90 && path != GemmPath::kGeneric) return {StatusCode::kInvalidArgument, "unknown GemmPath"};
+  if (path != GemmPath::kSm90 && path != GemmPath::kGeneric && path != GemmPath::kRecompute)
+    return {StatusCode::kInvalidArgument, "unknown GemmPath"};
+  FUSED_RETURN_IF_ERROR(y_given(p, b, path));
   if (path == GemmPath::kGeneric) return generic_can_implement(p);
-  if (path == GemmPath::kSm90) {
-    int device = 0;
-    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
-    DeviceProperties props;
-    FUSED_RETURN_IF_ERROR(device_properties(device, &props));
-    FUSED_RETURN_IF_ERROR(sm90_device_ok(props, p));
-    FUSED_RETURN_IF_ERROR(sm90_can_implement(p, b));
+  int device = 0;
+  FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+  DeviceProperties props;
+  FUSED_RETURN_IF_ERROR(device_properties(device, &props));
+  if (path == GemmPath::kRecompute) return recompute_can_implement(p, b, props);
+  FUSED_RETURN_IF_ERROR(sm90_device_ok(props, p));
+  return sm90_can_implement(p, b);
+}
+
+// The recompute path's passes ([R1] column partials, [2] finalize, [R2] row partials, [R3] row
+// merge, [R4] out), on the workspace's regions: [partials | a | c | row parts | row stats].
+Status recompute_forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
+                         const WorkspaceRegions& w, cudaStream_t stream) {
+  recompute::PassParams rp;
+  rp.M = p.M; rp.N = p.N; rp.K = p.K; rp.dtype = p.dtype;
+  rp.x = b.x; rp.ldx = b.ldx; rp.w = b.weight; rp.ldw = b.ldw; rp.bias = b.bias;
+  rp.partials = w.partials;
+  rp.affine = w.affine;
+  rp.row_parts = reinterpret_cast<float*>(w.gemm);
+  rp.row_stats = reinterpret_cast<float*>(
+      w.gemm + align_up(sizeof(float) * static_cast<std::size_t>(recompute::row_parts_floats(p.M, p.N))));
+  rp.out = b.out; rp.ldo = b.ldo; rp.out_dtype = p.out_dtype;
+  if (bn.uses_batch_stats() && p.M > 0) {
+    util::NvtxRange range("fused::recompute_column_partials");
+    FUSED_RETURN_IF_ERROR(recompute::run_pass(recompute::Pass::kColumnPartials, rp, stream));
   }
-  return Status::Ok();
+  {
+    util::NvtxRange range("fused::finalize");
+    FUSED_RETURN_IF_ERROR(finalize(w.partials, p.M, p.N, bn, b.save_invstd, w.affine, stream));
+  }
+  util::NvtxRange range("fused::recompute_softmax");
+  FUSED_RETURN_IF_ERROR(recompute::run_pass(recompute::Pass::kRowPartials, rp, stream));
+  FUSED_RETURN_IF_ERROR(recompute::merge_row_parts(rp, b.row_lse, stream));
+  return recompute::run_pass(recompute::Pass::kWriteOut, rp, stream);
 }
 
 // [1]: y = x W^T + b, and the column partials when `with_partials` (batch statistics).
@@ -206,6 +237,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
   FUSED_RETURN_IF_ERROR(carve(p, path, b.save_mean, workspace, workspace_size,
                               workspace_bytes(p, path, b.cublaslt_workspace == nullptr), w));
   if (p.N == 0) return Status::Ok();
+  if (path == GemmPath::kRecompute) return recompute_forward(p, b, bn, w, stream);
   FUSED_RETURN_IF_ERROR(gemm_and_partials(p, b, path, w, bn.uses_batch_stats(), stream));
   return finalize_and_softmax(p, b, bn, w, stream);
 }
@@ -214,6 +246,8 @@ Status gemm_column_moments(const ForwardProblem& p, const ForwardBuffers& b, Gem
                            void* workspace, std::size_t workspace_size, cudaStream_t stream) {
   FUSED_RETURN_IF_ERROR(validate_linear(p, b));
   if (record == nullptr) return {StatusCode::kInvalidArgument, "gemm_column_moments: record is null"};
+  if (path == GemmPath::kRecompute)
+    return {StatusCode::kNotSupported, "gemm_column_moments writes y: the recompute path does not apply"};
   FUSED_RETURN_IF_ERROR(check_path(p, b, path));
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(carve(p, path, b.save_mean, workspace, workspace_size,

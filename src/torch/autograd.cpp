@@ -40,8 +40,8 @@ void bump_mutated_versions(const OptTensor& running_mean, const OptTensor& runni
   if (training && defined(num_batches_tracked)) torch::autograd::impl::bump_version(*num_batches_tracked);
 }
 
-// The forward's arguments: 16, the first 9 tensors; the differentiable ones in GradIndex order.
-constexpr int kNumForwardArgs = 16;
+// The forward's arguments: 17, the first 9 tensors; the differentiable ones in GradIndex order.
+constexpr int kNumForwardArgs = 17;
 constexpr int kNumTensorArgs = 9;
 constexpr int kArgIndex[6] = {0 /*x*/, 1 /*weight*/, 2 /*bias*/, 3 /*bn_weight*/, 4 /*bn_bias*/, 8 /*scale*/};
 
@@ -53,7 +53,7 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
                                const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training,
                                std::optional<double> momentum, double eps, const OptString& precision,
                                const OptString& path, std::optional<at::ScalarType> compute_dtype,
-                               std::optional<at::ScalarType> out_dtype) {
+                               std::optional<at::ScalarType> out_dtype, bool keep_y) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     // With a compute dtype, round the Linear operands here rather than in the op, so the backward's
     // GEMMs reuse the copies. (Without one the op checks that the dtypes agree.)
@@ -63,7 +63,8 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     const OptTensor bc = compute_dtype && defined(bias) ? OptTensor(bias->to(linear)) : bias;
     auto [out, mean, invstd, y, row_lse] =
         forward_op().call(xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
-                          training, momentum, eps, precision, path, std::nullopt, out_dtype.value_or(linear));
+                          training, momentum, eps, precision, path, std::nullopt, out_dtype.value_or(linear),
+                          keep_y);
     bump_mutated_versions(running_mean, running_var, num_batches_tracked, training);
     ctx->mark_non_differentiable({mean, invstd, y, row_lse});
     // No zero-filled gradients for those four (an (M, N) fill each step): the backward reads out's only.
@@ -135,10 +136,17 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
                                  const at::Tensor& scale, bool training, std::optional<double> momentum, double eps,
                                  const OptString& precision, const OptString& path,
                                  std::optional<at::ScalarType> compute_dtype,
-                                 std::optional<at::ScalarType> out_dtype) {
+                                 std::optional<at::ScalarType> out_dtype, bool keep_y) {
+  // The backward reads y: keep it whenever this call can be differentiated.
+  const bool differentiable =
+      at::GradMode::is_enabled() &&
+      (x.requires_grad() || weight.requires_grad() || (defined(bias) && bias->requires_grad()) ||
+       (defined(bn_weight) && bn_weight->requires_grad()) || (defined(bn_bias) && bn_bias->requires_grad()) ||
+       scale.requires_grad());
   const variable_list outs = GemmBnSoftmaxFunction::apply(x, weight, bias, bn_weight, bn_bias, running_mean,
                                                           running_var, num_batches_tracked, scale, training, momentum,
-                                                          eps, precision, path, compute_dtype, out_dtype);
+                                                          eps, precision, path, compute_dtype, out_dtype,
+                                                          keep_y || differentiable);
   return {outs[0], outs[1], outs[2], outs[3], outs[4]};
 }
 

@@ -29,9 +29,9 @@ Outputs entry(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bi
               const OptTensor& bn_bias, const OptTensor& running_mean, const OptTensor& running_var,
               const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training,
               std::optional<double> momentum, double eps, const OptString& precision, const OptString& path,
-              OptDtype compute_dtype, OptDtype out_dtype) {
+              OptDtype compute_dtype, OptDtype out_dtype, bool keep_y) {
   return Impl(OpArgs{x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
-                     training, momentum, eps, precision, path, compute_dtype, out_dtype});
+                     training, momentum, eps, precision, path, compute_dtype, out_dtype, keep_y});
 }
 
 // Schema order -> BackwardArgs; absent gradients (undefined tensors) -> None.
@@ -117,11 +117,11 @@ Grads gemm_bn_softmax_backward_meta(const BackwardArgs& a) {
 // to stand in for them), and the selectors read only what check_linear_args checks.
 template <std::string (*Impl)(const OpArgs&)>
 std::string path_entry(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
-                       const OptString& precision, const OptString& path) {
+                       const OptString& precision, const OptString& path, bool keep_y) {
   static const OptTensor none;
   static const at::Tensor no_scale;
   return Impl(OpArgs{x, weight, bias, none, none, none, none, none, no_scale, /*training=*/false, 0.1, 1e-5,
-                     precision, path, std::nullopt, std::nullopt});
+                     precision, path, std::nullopt, std::nullopt, keep_y});
 }
 
 }  // namespace
@@ -129,14 +129,15 @@ std::string path_entry(const at::Tensor& x, const at::Tensor& weight, const OptT
 
 TORCH_LIBRARY(fused, m) {
   // Outputs: out (M, N) in out_dtype (default: the compute dtype, default x's); save_mean,
-  // save_invstd (N) fp32 (the statistics used, batch or running); y = x W^T + b (M, N) fp32; row_lse
+  // save_invstd (N) fp32 (the statistics used, batch or running); y = x W^T + b (M, N) fp32, or an
+  // empty tensor with keep_y=False (then y need not be written at all: the recompute path); row_lse
   // (M) fp32, each row's softmax log-normaliser. The last four are what the backward needs.
   // Differentiable (autograd.cpp); autocast-aware (autocast.cpp).
   m.def(
       "gemm_bn_softmax(Tensor x, Tensor weight, Tensor? bias, Tensor? bn_weight, Tensor? bn_bias, "
       "Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, Tensor scale, "
       "bool training, float? momentum, float eps, str? precision=None, str? path=None, "
-      "ScalarType? compute_dtype=None, ScalarType? out_dtype=None) "
+      "ScalarType? compute_dtype=None, ScalarType? out_dtype=None, bool keep_y=True) "
       "-> (Tensor out, Tensor save_mean, Tensor save_invstd, Tensor y, Tensor row_lse)");
   // The backward, from the forward's outputs (it recomputes the softmax from y and row_lse): gradients
   // of x, weight, bias, bn_weight, bn_bias and scale, each computed only when output_mask asks for
@@ -172,7 +173,8 @@ TORCH_LIBRARY(fused, m) {
       "Tensor row_lse, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, Tensor? row_dot=None) "
       "-> (Tensor sums, Tensor row_dot_out)");
   // Debug query: the path gemm_bn_softmax takes for these operands ("cpu", "sm90", "generic").
-  m.def("dispatch_path(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None) -> str");
+  m.def("dispatch_path(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None, "
+        "bool keep_y=True) -> str");
 }
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {

@@ -73,8 +73,8 @@ void check_linear_args(const OpArgs& a) {
   }
   check_precision(a.precision);
   if (a.path.has_value()) {
-    TORCH_CHECK(*a.path == "auto" || *a.path == "sm90" || *a.path == "generic",
-                "path must be None, 'auto', 'sm90' or 'generic', got '", *a.path, "'");
+    TORCH_CHECK(*a.path == "auto" || *a.path == "sm90" || *a.path == "generic" || *a.path == "recompute",
+                "path must be None, 'auto', 'sm90', 'generic' or 'recompute', got '", *a.path, "'");
   }
 }
 
@@ -128,10 +128,18 @@ void check_batch_size(const OpArgs& a) {
 Outputs allocate_outputs(const OpArgs& a) {
   const auto f32 = a.x.options().dtype(at::kFloat);
   const c10::SymInt M = a.sym_M(), N = a.sym_N();
+  at::Tensor y = a.keep_y ? at::empty_symint({M, N}, f32) : at::empty({0}, f32);
   Outputs outs{at::empty_symint({M, N}, a.x.options().dtype(a.out_scalar_type())), at::empty_symint({N}, f32),
-               at::empty_symint({N}, f32), at::empty_symint({M, N}, f32), at::empty_symint({M}, f32)};
+               at::empty_symint({N}, f32), y, at::empty_symint({M}, f32)};
   poison({std::get<0>(outs), std::get<1>(outs), std::get<2>(outs), std::get<3>(outs), std::get<4>(outs)});
   return outs;
+}
+
+at::Tensor y_to_write(const OpArgs& a, const at::Tensor& y_output) {
+  if (a.keep_y) return y_output;
+  at::Tensor y = at::empty({a.M(), a.N()}, a.x.options().dtype(at::kFloat));
+  poison({y});
+  return y;
 }
 
 void poison(std::initializer_list<at::Tensor> outputs) {
@@ -170,7 +178,8 @@ FromMomentsOutputs allocate_from_moments_outputs(const FromMomentsArgs& a) {
 ForwardBuffers from_y_buffers(const at::Tensor& y, const at::Tensor& out, const at::Tensor& save_mean,
                               const at::Tensor& save_invstd, const at::Tensor& row_lse) {
   ForwardBuffers b;
-  b.y = y.data_ptr<float>(); b.ldy = y.size(1);
+  b.y = y.defined() ? y.data_ptr<float>() : nullptr;
+  b.ldy = y.defined() ? y.size(1) : 0;
   b.out = out.data_ptr(); b.ldo = out.size(1);
   b.save_mean = save_mean.data_ptr<float>(); b.save_invstd = save_invstd.data_ptr<float>();
   b.row_lse = row_lse.data_ptr<float>();

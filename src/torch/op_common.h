@@ -36,6 +36,9 @@ struct OpArgs {
   // out_dtype (None: the compute dtype). Autocast sets both, as the eager block would run.
   std::optional<at::ScalarType> compute_dtype;
   std::optional<at::ScalarType> out_dtype;
+  // false: y is not returned (an empty tensor), so the recompute path may run, which never writes it.
+  // The Autograd kernel keeps y whenever a gradient may be asked for (the backward reads y).
+  bool keep_y = true;
 
   at::ScalarType linear_dtype() const { return compute_dtype.value_or(x.scalar_type()); }
   at::ScalarType out_scalar_type() const { return out_dtype.value_or(linear_dtype()); }
@@ -67,9 +70,11 @@ void check_batch_size(const OpArgs& a);
 ForwardBuffers from_y_buffers(const at::Tensor& y, const at::Tensor& out, const at::Tensor& save_mean,
                               const at::Tensor& save_invstd, const at::Tensor& row_lse);
 
-// Allocates (M, N) out in out_scalar_type(), (N) save_mean / save_invstd, (M, N) fp32 y and (M) fp32
-// row_lse on x's device.
+// Allocates (M, N) out in out_scalar_type(), (N) save_mean / save_invstd, (M, N) fp32 y (shape (0,)
+// when not keep_y) and (M) fp32 row_lse on x's device.
 Outputs allocate_outputs(const OpArgs& a);
+// The (M, N) fp32 y a forward writes: the output y when kept, else a scratch tensor.
+at::Tensor y_to_write(const OpArgs& a, const at::Tensor& y_output);
 
 // x, weight and bias in the compute dtype (no copy when they already are).
 struct LinearOperands {

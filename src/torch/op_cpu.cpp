@@ -53,9 +53,10 @@ Outputs gemm_bn_softmax_cpu(const OpArgs& a) {
   check_args(a);
   refuse_forced_cuda_path(a);
   auto [out, save_mean, save_invstd, y, row_lse] = allocate_outputs(a);
-  linear_into(a, y);
+  at::Tensor y_written = y_to_write(a, y);  // the CPU always computes y
+  linear_into(a, y_written);
   const BatchNormTensors bnt = prepare_batchnorm(a);
-  const ForwardBuffers b = from_y_buffers(y, out, save_mean, save_invstd, row_lse);
+  const ForwardBuffers b = from_y_buffers(y_written, out, save_mean, save_invstd, row_lse);
   throw_on_error(cpu::forward_from_y(problem_of(a.M(), a.N(), a), b, bnt.args(a), parallel), "gemm_bn_softmax");
   bnt.commit(a);
   return {out, save_mean, save_invstd, y, row_lse};

@@ -36,6 +36,7 @@ ForwardProblem problem(const OpArgs& a) {
   p.dtype = element_type(a.linear_dtype());
   p.out_dtype = element_type(a.out_scalar_type());
   p.precision = resolve_precision(a);
+  p.keep_y = a.keep_y;
   return p;
 }
 
@@ -44,11 +45,13 @@ void set_linear_buffers(const LinearOperands& o, const at::Tensor& y, ForwardBuf
   b.x = o.x.data_ptr(); b.ldx = std::max<int64_t>(o.x.stride(0), o.x.size(1));
   b.weight = o.weight.data_ptr(); b.ldw = std::max<int64_t>(o.weight.stride(0), o.weight.size(1));
   b.bias = o.bias.defined() ? o.bias.data_ptr() : nullptr;
-  b.y = y.data_ptr<float>(); b.ldy = y.size(1);
+  b.y = y.defined() ? y.data_ptr<float>() : nullptr;
+  b.ldy = y.defined() ? y.size(1) : 0;
 }
 
-ForwardBuffers buffers(const LinearOperands& o, const Outputs& outs) {
-  const auto& [out, save_mean, save_invstd, y, row_lse] = outs;
+// y is the output y when kept, else undefined (null in `b`: only the recompute path runs without it).
+ForwardBuffers buffers(const LinearOperands& o, const Outputs& outs, const at::Tensor& y) {
+  const auto& [out, save_mean, save_invstd, y_output, row_lse] = outs;
   ForwardBuffers b = from_y_buffers(y, out, save_mean, save_invstd, row_lse);
   set_linear_buffers(o, y, b);
   return b;
@@ -84,7 +87,17 @@ ForwardBuffers planned_buffers(const OpArgs& a) {
 cuda::PathRequest path_request(const OpArgs& a) {
   if (a.path == "sm90") return cuda::PathRequest::kSm90;
   if (a.path == "generic") return cuda::PathRequest::kGeneric;
+  if (a.path == "recompute") return cuda::PathRequest::kRecompute;
   return cuda::PathRequest::kAuto;
+}
+
+const char* path_name(cuda::GemmPath path) {
+  switch (path) {
+    case cuda::GemmPath::kSm90: return "sm90";
+    case cuda::GemmPath::kGeneric: return "generic";
+    case cuda::GemmPath::kRecompute: return "recompute";
+  }
+  return "unknown";
 }
 
 cuda::GemmPath choose(const OpArgs& a, const ForwardBuffers& b) {
@@ -137,7 +150,7 @@ void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::
 std::string select_cuda_path(const OpArgs& a) {
   check_linear_args(a);
   c10::cuda::CUDAGuard guard(a.x.device());
-  return choose(a, planned_buffers(a)) == cuda::GemmPath::kSm90 ? "sm90" : "generic";
+  return path_name(choose(a, planned_buffers(a)));
 }
 
 Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
@@ -145,8 +158,14 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   c10::cuda::CUDAGuard guard(a.x.device());
   Outputs outs = allocate_outputs(a);
   const LinearOperands o = operands(a);
-  ForwardBuffers b = buffers(o, outs);
+  ForwardBuffers b = buffers(o, outs, a.keep_y ? std::get<3>(outs) : at::Tensor());
   const cuda::GemmPath path = choose(a, b);
+  // A path that writes y gets a scratch y (alive until the kernels are queued) when y is not kept.
+  at::Tensor y_scratch;
+  if (path != cuda::GemmPath::kRecompute && !a.keep_y) {
+    y_scratch = y_to_write(a, std::get<3>(outs));
+    set_linear_buffers(o, y_scratch, b);
+  }
   const BatchNormTensors bnt = prepare_batchnorm(a);
   const ForwardProblem p = problem(a);
   use_torch_cublaslt_workspace(path, b);

@@ -17,13 +17,13 @@ using OptString = std::optional<std::string>;
 using OptDtype = std::optional<at::ScalarType>;
 
 // gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean!, running_var!, num_batches_tracked!,
-//                 scale, training, momentum, eps, precision, path, compute_dtype, out_dtype)
-//   -> (out, save_mean, save_invstd, y, row_lse)
+//                 scale, training, momentum, eps, precision, path, compute_dtype, out_dtype, keep_y)
+//   -> (out, save_mean, save_invstd, y, row_lse)   (y empty when keep_y is false)
 using ForwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using ForwardSignature = ForwardOutputs(
     const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
     const OptTensor&, const OptTensor&, const at::Tensor&, bool, std::optional<double>, double, const OptString&,
-    const OptString&, OptDtype, OptDtype);
+    const OptString&, OptDtype, OptDtype, bool);
 
 // gemm_bn_softmax_backward(grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
 //                          scale, batch_stats, output_mask, precision, linear_grad_dtype,

@@ -83,6 +83,7 @@ struct Case {
   bool bias;
   bool offset_operands;  // x, W and the bias start one element into their allocation (unaligned views)
   bool training;
+  bool keep_y = true;  // false: y is null, and small K runs the recompute path (y never written)
 };
 
 std::string dtype_name(ElementType t) {
@@ -94,10 +95,13 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const std::string mode = c.dtype == ElementType::kFloat32
                                ? (c.precision == MatmulPrecision::kTF32 ? "tf32" : "fp32")
                                : dtype_name(c.dtype);
-  const std::string path = c.request == cuda::PathRequest::kAuto ? "auto"
-                           : c.request == cuda::PathRequest::kSm90 ? "sm90" : "generic";
+  const std::string path = c.request == cuda::PathRequest::kAuto        ? "auto"
+                           : c.request == cuda::PathRequest::kSm90      ? "sm90"
+                           : c.request == cuda::PathRequest::kRecompute ? "recompute"
+                                                                        : "generic";
   return path + "_" + mode + "_M" + std::to_string(c.M) + "_N" + std::to_string(c.N) + "_K" + std::to_string(c.K) +
-         (c.bias ? "" : "_nobias") + (c.offset_operands ? "_offset" : "") + (c.training ? "" : "_eval");
+         (c.bias ? "" : "_nobias") + (c.offset_operands ? "_offset" : "") + (c.training ? "" : "_eval") +
+         (c.keep_y ? "" : "_noy");
 }
 
 double rel_norm(const std::vector<double>& got, const std::vector<double>& want) {
@@ -117,6 +121,8 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   const Case c = GetParam();
   if (c.request == cuda::PathRequest::kSm90 && (props.compute_capability_major != 9 || !cuda::sm90_compiled()))
     GTEST_SKIP() << "needs a Hopper GPU and the sm90 kernels";
+  if (c.request == cuda::PathRequest::kRecompute && props.compute_capability_major < 8)
+    GTEST_SKIP() << "the recompute path needs compute capability 8.0";
   const int64_t M = c.M, N = c.N, K = c.K;
   std::mt19937_64 rng(std::random_device{}());  // fresh data every run
   std::uniform_real_distribution<float> unit(0.f, 1.f), sym(-1.f, 1.f);
@@ -175,11 +181,12 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   p.dtype = c.dtype;
   p.out_dtype = c.dtype;
   p.precision = c.precision;
+  p.keep_y = c.keep_y;
   ForwardBuffers buf;
   buf.x = dx.ptr(); buf.ldx = K;
   buf.weight = dw.ptr(); buf.ldw = K;
   buf.bias = c.bias ? dbias.ptr() : nullptr;
-  buf.y = static_cast<float*>(dy.ptr()); buf.ldy = N;
+  if (c.keep_y) buf.y = static_cast<float*>(dy.ptr()), buf.ldy = N;
   buf.out = dout.ptr(); buf.ldo = N;
   buf.save_mean = static_cast<float*>(dmean.ptr()); buf.save_invstd = static_cast<float*>(dinv.ptr());
   buf.row_lse = static_cast<float*>(dlse.ptr());
@@ -193,6 +200,10 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   const Status chosen = cuda::choose_path(p, buf, props, c.request, &path);
   ASSERT_TRUE(chosen.ok()) << chosen.message;
   if (c.request == cuda::PathRequest::kGeneric) EXPECT_EQ(path, cuda::GemmPath::kGeneric);
+  if (c.request == cuda::PathRequest::kRecompute) EXPECT_EQ(path, cuda::GemmPath::kRecompute);
+  // Rule 4: small K without y recomputes (from compute capability 8.0).
+  if (c.request == cuda::PathRequest::kAuto && !c.keep_y && props.compute_capability_major >= 8)
+    EXPECT_EQ(path, cuda::GemmPath::kRecompute);
   // Rule 2: tf32 at M <= 16 runs the generic path, in exact fp32 (checked below through y's error).
   const bool exact_tiny_tf32 = c.dtype == ElementType::kFloat32 && c.precision == MatmulPrecision::kTF32 &&
                                M <= cuda::kExactFp32MaxBatch && c.request != cuda::PathRequest::kSm90;
@@ -204,14 +215,19 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   auto as_double = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
-  const std::vector<double> y = as_double(dy.get<float>());
-  for (double v : y) ASSERT_FALSE(std::isnan(v)) << "unwritten y";
   // y: fp32 accumulation of exact products (exact fp32 and 16-bit inputs) stays near 1e-6; TF32
   // rounds the inputs to 10 mantissa bits (about 5e-4 relative on y at these K).
   const bool tf32_gemm = c.dtype == ElementType::kFloat32 && c.precision == MatmulPrecision::kTF32 &&
                          !exact_tiny_tf32;
-  const double y_err = rel_norm(y, y64);
-  EXPECT_LE(y_err, tf32_gemm ? 3e-3 : 2e-5) << "y";
+  double y_err = 0;
+  if (c.keep_y) {
+    const std::vector<double> y = as_double(dy.get<float>());
+    for (double v : y) ASSERT_FALSE(std::isnan(v)) << "unwritten y";
+    y_err = rel_norm(y, y64);
+    EXPECT_LE(y_err, tf32_gemm ? 3e-3 : 2e-5) << "y";
+  } else {
+    for (uint8_t byte : dy.get<uint8_t>()) ASSERT_EQ(byte, 0xff) << "y is not kept: nothing may write it";
+  }
   // BatchNorm amplifies y's error by |y| / std, more at tiny batches.
   const double amplify = M <= cuda::kExactFp32MaxBatch ? 5.0 : 1.0;
   std::vector<double> out(M * N);
@@ -233,7 +249,20 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   EXPECT_LE(rel_norm(as_double(dinv.get<float>()), invstd64), tf32_gemm ? 2e-2 : 2e-5 * amplify) << "save_invstd";
   EXPECT_LE(rel_norm(as_double(drm.get<float>()), rm64), tf32_gemm ? 3e-3 : 2e-5) << "running_mean";
   EXPECT_LE(rel_norm(as_double(drv.get<float>()), rv64), tf32_gemm ? 2e-2 : 2e-5 * amplify) << "running_var";
-  if (!c.training) return;
+  // row_lse against float64: log sum_n exp(z[i, n]).
+  std::vector<double> lse64(M);
+  for (int64_t i = 0; i < M; ++i) {
+    double mx = -INFINITY, sum = 0;
+    std::vector<double> z(N);
+    for (int64_t n = 0; n < N; ++n) {
+      z[n] = scale * (gamma[n] * (y64[i * N + n] - mean64[n]) * invstd64[n] + beta[n]);
+      mx = std::max(mx, z[n]);
+    }
+    for (int64_t n = 0; n < N; ++n) sum += std::exp(z[n] - mx);
+    lse64[i] = mx + std::log(sum);
+  }
+  EXPECT_LE(rel_norm(as_double(dlse.get<float>()), lse64), tf32_gemm ? 3e-2 : 2e-5 * amplify) << "row_lse";
+  if (!c.training || !c.keep_y) return;
 
   // The data-parallel steps with one rank (gemm_column_moments, then forward_from_y with its record)
   // are the same computation: the same bits in every output, fresh buffers poisoned first.
@@ -271,7 +300,7 @@ TEST_P(ForwardGpu, MatchesFloat64) {
 constexpr ElementType kF32 = ElementType::kFloat32, kBF16 = ElementType::kBFloat16, kF16 = ElementType::kFloat16;
 constexpr MatmulPrecision kExact = MatmulPrecision::kHighest, kTF32 = MatmulPrecision::kTF32;
 constexpr cuda::PathRequest kAuto = cuda::PathRequest::kAuto, kGeneric = cuda::PathRequest::kGeneric,
-                            kSm90 = cuda::PathRequest::kSm90;
+                            kSm90 = cuda::PathRequest::kSm90, kRecompute = cuda::PathRequest::kRecompute;
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, ForwardGpu,
@@ -291,7 +320,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{16, 512, 8192, kF32, kTF32, kAuto, false, false, true},
         Case{1024, 1024, 512, kBF16, kExact, kAuto, true, false, true},
         Case{1000, 1028, 512, kBF16, kExact, kSm90, true, false, true},
-        Case{300, 200, 264, kF32, kTF32, kSm90, true, false, true}),
+        Case{300, 200, 264, kF32, kTF32, kSm90, true, false, true},
+        // The recompute path (y not kept): tails in M and N, K from one k-step (8) to the most (128),
+        // every input type and out type, eval, a tiny batch, and the automatic rule.
+        Case{300, 200, 64, kBF16, kExact, kRecompute, true, false, true, false},
+        Case{257, 136, 128, kF16, kExact, kRecompute, false, false, true, false},
+        Case{300, 200, 64, kF32, kTF32, kRecompute, true, false, true, false},
+        Case{129, 1000, 32, kF32, kTF32, kRecompute, false, false, false, false},
+        Case{130, 72, 16, kBF16, kExact, kRecompute, true, false, false, false},
+        Case{64, 96, 8, kBF16, kExact, kRecompute, true, false, true, false},
+        Case{3, 300, 64, kF16, kExact, kRecompute, true, false, true, false},
+        Case{1024, 1024, 64, kBF16, kExact, kAuto, true, false, true, false}),
     case_name);
 
 // A forced sm90 path on a GPU that cannot run it is refused with the reason, nothing launched.

@@ -1,0 +1,408 @@
+// The recompute path's tile kernel (kernels/recompute/recompute.h): one CTA per 128x128 tile of y,
+// 8 warps of 32x64, the whole K of x's and W's tile rows in shared memory, mma.sync with fp32
+// accumulation (bf16/fp16: m16n8k16 fed by ldmatrix; fp32: m16n8k8 TF32, operands rounded to
+// nearest on their way into shared memory), then the pass's epilogue on the tile held in registers.
+// Included by one translation unit per input type.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "fused/detail/bn_math.h"
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/pdl.cuh"
+#include "kernels/recompute/recompute.h"
+#include "util/cuda_check.h"
+#include "util/device_info.h"
+
+namespace fused::cuda::recompute {
+namespace tile {
+
+constexpr int kThreads = 256;  // warp w: rows 32 * (w / 2) .. +32, columns 64 * (w % 2) .. +64
+constexpr int kTM = static_cast<int>(kTileM);
+constexpr int kTN = static_cast<int>(kTileN);
+constexpr int kStageRowPad = 8;  // elements after each staged out row: conflict-free 4- and 8-byte stores
+// Shared memory a CTA may take: two tiles of kMaxKBytes rows (padded), or the staged fp32 out tile.
+constexpr int kMaxSharedBytes = 2 * kTM * (static_cast<int>(kMaxKBytes) / 4 + 4) * 4;
+static_assert(kMaxSharedBytes >= kTM * (kTN + kStageRowPad) * 4, "the staged fp32 out tile must fit");
+
+// Row stride, in 32-bit words, of a tile row of x or W in shared memory: K padded to 8 words (one
+// k-step), plus 4 words, so that the 8 rows one fragment load touches fall in distinct banks.
+__host__ __device__ inline int row_words(int64_t K, int element_bytes) {
+  const int64_t words = (K * element_bytes + 3) / 4;
+  return static_cast<int>((words + 7) / 8 * 8 + 4);
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+// fp32 -> TF32, round to nearest (ties away from zero).
+__device__ __forceinline__ uint32_t round_tf32(uint32_t bits) {
+  uint32_t r = bits;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(bits)));
+#endif
+  return r;
+}
+
+// `rows` tile rows of a row-major (rows_total, K) operand into shared memory (row stride S words),
+// 16-byte vectors; rows past rows_left and columns past K are zero.
+template <class T>
+__device__ __forceinline__ void load_tile_rows(uint32_t* dst, const T* __restrict__ src, int64_t ld, int64_t rows_left,
+                                               int64_t K, int S) {
+  constexpr int kPerVec = 16 / static_cast<int>(sizeof(T));
+  const int vecs_per_row = (S - 4) / 4;
+  for (int v = threadIdx.x; v < kTM * vecs_per_row; v += kThreads) {
+    const int r = v / vecs_per_row, cv = v % vecs_per_row;
+    const int64_t k0 = static_cast<int64_t>(cv) * kPerVec;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows_left && k0 < K) {
+      val = __ldg(reinterpret_cast<const uint4*>(src + r * ld + k0));
+      if constexpr (sizeof(T) == 4) {
+        val.x = round_tf32(val.x);
+        val.y = round_tf32(val.y);
+        val.z = round_tf32(val.z);
+        val.w = round_tf32(val.w);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + r * S + cv * 4) = val;
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+#endif
+}
+
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (sizeof(T) == 4) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#endif
+}
+
+// acc[mi][ni] += the warp's 16x8 blocks of A B^T over the whole (padded) K: one k-step is 8 words
+// (16 elements of 16 bits, or 8 TF32). Fragment layouts as PTX's mma.m16n8k16 / m16n8k8.
+template <class T>
+__device__ __forceinline__ void tile_product(float (&acc)[2][8][4], const uint32_t* As, const uint32_t* Bs, int S,
+                                             int warp_m, int warp_n, int lane) {
+  const int ksteps = (S - 4) / 8;
+  if constexpr (sizeof(T) == 2) {
+    const uint32_t a_base = util::shared_address(As), b_base = util::shared_address(Bs);
+    // ldmatrix.x4: lane l gives the address of row l % 16 (A) or of n row (l / 16) * 8 + l % 8 (B).
+    const int a_row = warp_m * 32 + (lane & 15), a_word = (lane >> 4) * 4;
+    const int b_row = warp_n * 64 + ((lane >> 4) << 3) + (lane & 7), b_word = ((lane >> 3) & 1) * 4;
+    for (int ks = 0; ks < ksteps; ++ks) {
+      uint32_t a[2][4], b[8][2];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        ldmatrix_x4(a[mi], a_base + static_cast<uint32_t>(((a_row + mi * 16) * S + ks * 8 + a_word) * 4));
+#pragma unroll
+      for (int nj = 0; nj < 4; ++nj) {
+        uint32_t r[4];
+        ldmatrix_x4(r, b_base + static_cast<uint32_t>(((b_row + nj * 16) * S + ks * 8 + b_word) * 4));
+        b[2 * nj][0] = r[0];
+        b[2 * nj][1] = r[1];
+        b[2 * nj + 1][0] = r[2];
+        b[2 * nj + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni) mma<T>(acc[mi][ni], a[mi], b[ni]);
+    }
+  } else {
+    const int g = lane >> 2, t = lane & 3;
+    for (int ks = 0; ks < ksteps; ++ks) {
+      const int k = ks * 8 + t;
+      uint32_t a[2][4], b[8][2];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int r0 = warp_m * 32 + mi * 16 + g;
+        a[mi][0] = As[r0 * S + k];
+        a[mi][1] = As[(r0 + 8) * S + k];
+        a[mi][2] = As[r0 * S + k + 4];
+        a[mi][3] = As[(r0 + 8) * S + k + 4];
+      }
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni) {
+        const int n = warp_n * 64 + ni * 8 + g;
+        b[ni][0] = Bs[n * S + k];
+        b[ni][1] = Bs[n * S + k + 4];
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni) mma<T>(acc[mi][ni], a[mi], b[ni]);
+    }
+  }
+}
+
+template <class TOut>
+__device__ __forceinline__ void store_pair(TOut* dst, float v0, float v1) {
+  if constexpr (std::is_same_v<TOut, float>) {
+    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+  } else if constexpr (std::is_same_v<TOut, __nv_bfloat16>) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+  } else {
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
+  }
+}
+
+// Accumulator element (mi, ni, j) of lane (g, t) in warp (warp_m, warp_n) sits at tile row
+// warp_m * 32 + mi * 16 + (j / 2) * 8 + g and tile column warp_n * 64 + ni * 8 + 2 t + j % 2.
+__device__ __forceinline__ int acc_row(int warp_m, int mi, int j, int g) { return warp_m * 32 + mi * 16 + (j >> 1) * 8 + g; }
+__device__ __forceinline__ int acc_col(int warp_n, int ni, int j, int t) { return warp_n * 64 + ni * 8 + 2 * t + (j & 1); }
+
+template <class TIn, Pass kPass, class TOut>
+__global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(16) uint32_t smem[];
+  __shared__ float bias_s[kTN], shift_s[kTN], a_s[kTN], c_s[kTN];
+  __shared__ float red[4][kTN];                  // cross-warp reductions
+  __shared__ float row_m[kTM], row_inv[kTM];     // [R4]: each row's max and 1 / sum; [R1]: column means
+  util::wait_for_prerequisites();
+  util::allow_dependents_to_launch();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp >> 1, warp_n = warp & 1, g = lane >> 2, t = lane & 3;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTM, n0 = static_cast<int64_t>(blockIdx.y) * kTN;
+  const int64_t rows_here = std::min<int64_t>(kTM, p.M - m0);
+  const int S = row_words(p.K, sizeof(TIn));
+  uint32_t* As = smem;
+  uint32_t* Bs = smem + kTM * S;
+  load_tile_rows(As, static_cast<const TIn*>(p.x) + m0 * p.ldx, p.ldx, rows_here, p.K, S);
+  load_tile_rows(Bs, static_cast<const TIn*>(p.w) + n0 * p.ldw, p.ldw, p.N - n0, p.K, S);
+  if (tid < kTN) {
+    const int64_t col = n0 + tid;
+    const bool in = col < p.N;
+    bias_s[tid] = p.bias != nullptr && in ? to_float(static_cast<const TIn*>(p.bias)[col]) : 0.f;
+    if constexpr (kPass != Pass::kColumnPartials) {
+      shift_s[tid] = in ? p.affine.shift[col] : 0.f;
+      a_s[tid] = in ? p.affine.a[col] : 0.f;
+      c_s[tid] = in ? p.affine.c[col] : 0.f;
+    }
+    if constexpr (kPass == Pass::kWriteOut) {
+      const bool row_in = tid < rows_here;
+      row_m[tid] = row_in ? p.row_stats[2 * (m0 + tid)] : 0.f;
+      row_inv[tid] = row_in ? p.row_stats[2 * (m0 + tid) + 1] : 0.f;
+    }
+  }
+  __syncthreads();
+
+  float acc[2][8][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[mi][ni][j] = 0.f;
+  tile_product<TIn>(acc, As, Bs, S, warp_m, warp_n, lane);
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[mi][ni][j] += bias_s[acc_col(warp_n, ni, j, t)];
+
+  if constexpr (kPass == Pass::kColumnPartials) {
+    // The tile's column means, then sums of squared deviations from them (two passes over the
+    // registers); rows past M count nothing. Fixed reduction order: deterministic.
+    float* col_mean = row_m;
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = acc_col(warp_n, ni, e, t);
+          const float mean = step == 0 ? 0.f : col_mean[col];
+          float s = 0.f;
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              if (acc_row(warp_m, mi, 2 * h, g) < rows_here) {
+                const float v = acc[mi][ni][2 * h + e];
+                s += step == 0 ? v : (v - mean) * (v - mean);
+              }
+            }
+          s += __shfl_xor_sync(0xffffffffu, s, 4);
+          s += __shfl_xor_sync(0xffffffffu, s, 8);
+          s += __shfl_xor_sync(0xffffffffu, s, 16);
+          if (g == 0) red[warp_m][col] = s;
+        }
+      __syncthreads();
+      if (tid < kTN) {
+        const float total = ((red[0][tid] + red[1][tid]) + red[2][tid]) + red[3][tid];
+        if (step == 0) {
+          col_mean[tid] = total / static_cast<float>(rows_here);
+        } else if (n0 + tid < p.N) {
+          const int64_t slot = static_cast<int64_t>(blockIdx.x) * p.partials.ld + n0 + tid;
+          p.partials.mean[slot] = col_mean[tid];
+          p.partials.m2[slot] = total;
+        }
+      }
+      __syncthreads();
+    }
+    return;
+  } else {
+    // The logits; columns past N are -inf (they add nothing to a row).
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int col = acc_col(warp_n, ni, j, t);
+          acc[mi][ni][j] =
+              n0 + col < p.N ? detail::bn_logit(acc[mi][ni][j], shift_s[col], a_s[col], c_s[col]) : -INFINITY;
+        }
+    if constexpr (kPass == Pass::kRowPartials) {
+      // Each row's max over the tile's columns (red rows 0-1: per warp column half), then its sum of
+      // exp(z - max) (red rows 2-3).
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int ni = 0; ni < 8; ++ni) mx = fmaxf(mx, fmaxf(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          if (t == 0) red[warp_n][acc_row(warp_m, mi, 2 * h, g)] = mx;
+        }
+      __syncthreads();
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = acc_row(warp_m, mi, 2 * h, g);
+          const float mx = fmaxf(red[0][row], red[1][row]);
+          float s = 0.f;
+          if (mx != -INFINITY) {  // a row of -inf logits adds 0, not exp(nan)
+#pragma unroll
+            for (int ni = 0; ni < 8; ++ni) s += expf(acc[mi][ni][2 * h] - mx) + expf(acc[mi][ni][2 * h + 1] - mx);
+          }
+          s += __shfl_xor_sync(0xffffffffu, s, 1);
+          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          if (t == 0) red[2 + warp_n][row] = s;
+        }
+      __syncthreads();
+      if (tid < rows_here) {
+        float* pair = p.row_parts + 2 * (static_cast<int64_t>(blockIdx.y) * p.M + m0 + tid);
+        pair[0] = fmaxf(red[0][tid], red[1][tid]);
+        pair[1] = red[2][tid] + red[3][tid];
+      }
+    } else {
+      // out = exp(z - max) / sum, staged through shared memory (the operand tiles are free once
+      // every warp is past its product) for 16-byte stores along out's rows.
+      constexpr int kRowStride = kTN + kStageRowPad;
+      __syncthreads();
+      TOut* staged = reinterpret_cast<TOut*>(smem);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = acc_row(warp_m, mi, 2 * h, g);
+          const float mx = row_m[row], inv = row_inv[row];
+#pragma unroll
+          for (int ni = 0; ni < 8; ++ni)
+            store_pair(staged + row * kRowStride + acc_col(warp_n, ni, 0, t), expf(acc[mi][ni][2 * h] - mx) * inv,
+                       expf(acc[mi][ni][2 * h + 1] - mx) * inv);
+        }
+      __syncthreads();
+      constexpr int kPerVec = 16 / static_cast<int>(sizeof(TOut));
+      constexpr int kVecsPerRow = kTN / kPerVec;
+      TOut* out = static_cast<TOut*>(p.out);
+      const bool vec = (reinterpret_cast<uintptr_t>(out) & 15u) == 0 && (p.ldo * static_cast<int64_t>(sizeof(TOut))) % 16 == 0;
+      for (int v = tid; v < kTM * kVecsPerRow; v += kThreads) {
+        const int r = v / kVecsPerRow, cv = v % kVecsPerRow;
+        const int64_t col = n0 + static_cast<int64_t>(cv) * kPerVec;
+        if (r >= rows_here || col >= p.N) continue;
+        const TOut* src = staged + r * kRowStride + cv * kPerVec;
+        TOut* dst = out + (m0 + r) * p.ldo + col;
+        if (vec && col + kPerVec <= p.N) {
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+          for (int e = 0; e < kPerVec && col + e < p.N; ++e) dst[e] = src[e];
+        }
+      }
+    }
+  }
+#else
+  __trap();  // never launched below sm80 (choose_path)
+#endif
+}
+
+// Dynamic shared memory of a pass: the two operand tiles, or (out) the staged tile if larger.
+template <class TIn, Pass kPass, class TOut>
+int shared_bytes(int64_t K) {
+  const int operands = 2 * kTM * row_words(K, sizeof(TIn)) * 4;
+  const int staged = kPass == Pass::kWriteOut ? kTM * (kTN + kStageRowPad) * static_cast<int>(sizeof(TOut)) : 0;
+  return std::max(operands, staged);
+}
+
+template <class TIn, Pass kPass, class TOut>
+Status launch(const PassParams& p, cudaStream_t stream) {
+  auto* kernel = recompute_pass_kernel<TIn, kPass, TOut>;
+  const int device = util::detail::current_device();
+  // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
+  const int opted_in = util::detail::cached_per_device(device, [kernel](int) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return 1;
+  });
+  if (opted_in <= 0) return {StatusCode::kCudaError, "recompute pass: cudaFuncSetAttribute(shared memory) failed"};
+  const dim3 grid(static_cast<unsigned>(util::ceil_div(p.M, kTileM)), static_cast<unsigned>(util::ceil_div(p.N, kTileN)));
+  return util::launch_dependent(kernel, grid, dim3(kThreads), static_cast<size_t>(shared_bytes<TIn, kPass, TOut>(p.K)),
+                                stream, "recompute pass kernel launch", p);
+}
+
+template <class TIn>
+Status run_pass_typed(Pass pass, const PassParams& p, cudaStream_t stream) {
+  switch (pass) {
+    case Pass::kColumnPartials:
+      return launch<TIn, Pass::kColumnPartials, float>(p, stream);
+    case Pass::kRowPartials:
+      return launch<TIn, Pass::kRowPartials, float>(p, stream);
+    case Pass::kWriteOut:
+      switch (p.out_dtype) {
+        case ElementType::kFloat32: return launch<TIn, Pass::kWriteOut, float>(p, stream);
+        case ElementType::kBFloat16: return launch<TIn, Pass::kWriteOut, __nv_bfloat16>(p, stream);
+        case ElementType::kFloat16: return launch<TIn, Pass::kWriteOut, __half>(p, stream);
+        default: break;
+      }
+      return {StatusCode::kInvalidArgument, "recompute pass: unsupported out dtype"};
+  }
+  return {StatusCode::kInvalidArgument, "recompute pass: unknown pass"};
+}
+
+}  // namespace tile
+}  // namespace fused::cuda::recompute
