@@ -155,7 +155,8 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 err = rel_err(out, want) if name != "gemm" else None
                 del out
                 memory = measure_memory(fn)
-                if training and not name.startswith("compile"):  # compiled peers would recompile for grad
+                # (compiled peers would recompile for grad; the recompute path runs without gradients only)
+                if training and not name.startswith("compile") and name != "recompute":
                     memory.update({f"{key}_autograd": v for key, v in measure_memory(fn, grad=True).items()})
                 med, lo, hi = time_ms(fn, iters)
             except Exception as exc:  # report, keep benchmarking the others
@@ -603,7 +604,7 @@ def main():
                                                   a.profile and case == "train-step" and (m, n, k) == headline)
         else:
             result["records"] += bench_case(case, m, n, k, mode, iters, cmodes, training,
-                                            a.profile and case == "headline", dynamic)
+                                            a.profile and case in ("headline", "small-k"), dynamic)
         result["complete"] = i + 1 == len(todo)
         write_json(result, path)  # after every case: an interrupted run keeps what it measured
         torch.cuda.empty_cache()

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Nsight Compute over every kernel of one op call on the headline shape (clocks left alone):
+# Nsight Compute over every kernel of one op call (default: the headline shape; clocks left alone):
 # speed of light, memory workload, launch stats, occupancy. Then a short summary per kernel.
-#   bash bench/profile_ncu.sh [bf16|fp16|tf32] [sm90|generic] > report.txt
+#   bash bench/profile_ncu.sh [bf16|fp16|tf32] [sm90|generic|recompute] [MxNxK] > report.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DTYPE=${1:-bf16}
 PATH_=${2:-sm90}
+SIZE=${3:-1024x8192x8192}
 PY=$(command -v python3)
 ncu --clock-control none --profile-from-start off \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
-  "$PY" bench/profile_op.py --dtype "$DTYPE" --path "$PATH_" 2>&1
+  "$PY" bench/profile_op.py --dtype "$DTYPE" --path "$PATH_" --size "$SIZE" 2>&1

@@ -12,7 +12,7 @@ import gemm_bn_softmax as gbs  # noqa: E402
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("--size", default="1024x8192x8192")
 p.add_argument("--dtype", choices=["bf16", "fp16", "tf32"], default="bf16")
-p.add_argument("--path", choices=["sm90", "generic"], default="sm90")
+p.add_argument("--path", choices=["sm90", "generic", "recompute"], default="sm90")
 a = p.parse_args()
 m, n, k = (int(v) for v in a.size.split("x"))
 dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}[a.dtype]

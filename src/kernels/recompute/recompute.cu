@@ -8,22 +8,32 @@
 namespace fused::cuda::recompute {
 namespace {
 
-constexpr int kMergeThreads = 128;
+// One warp per row: its lanes take the column tiles lane, lane + 32, ... (fixed shuffle trees:
+// deterministic). A thread per row walking all tiles was latency-bound (64 dependent L2 round trips
+// at N = 8192).
+constexpr int kMergeThreads = 256;
+constexpr int kRowsPerBlock = kMergeThreads / 32;
 
 __global__ void __launch_bounds__(kMergeThreads)
     merge_row_parts_kernel(int64_t M, int64_t col_tiles, const float* __restrict__ row_parts,
                            float* __restrict__ row_stats, float* __restrict__ row_lse) {
   util::wait_for_prerequisites();  // [R2]'s pairs
   util::allow_dependents_to_launch();
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= M) return;
   float mx = -INFINITY;
-  for (int64_t b = 0; b < col_tiles; ++b) mx = fmaxf(mx, row_parts[2 * (b * M + row)]);
+  for (int64_t b = lane; b < col_tiles; b += 32) mx = fmaxf(mx, row_parts[2 * (b * M + row)]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
   float sum = 0.f;
-  for (int64_t b = 0; b < col_tiles; ++b) {
-    const float tile_max = row_parts[2 * (b * M + row)];
-    if (tile_max != -INFINITY) sum += row_parts[2 * (b * M + row) + 1] * expf(tile_max - mx);
+  for (int64_t b = lane; b < col_tiles; b += 32) {
+    const float2 pair = *reinterpret_cast<const float2*>(row_parts + 2 * (b * M + row));
+    if (pair.x != -INFINITY) sum += pair.y * expf(pair.x - mx);  // a tile of -inf logits adds 0
   }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane != 0) return;
   row_stats[2 * row] = mx;
   row_stats[2 * row + 1] = 1.f / sum;
   if (row_lse != nullptr) row_lse[row] = detail::log_normaliser(mx, sum);
@@ -47,7 +57,7 @@ Status run_pass(Pass pass, const PassParams& p, cudaStream_t stream) {
 Status merge_row_parts(const PassParams& p, float* row_lse, cudaStream_t stream) {
   if (p.M == 0 || p.N == 0) return Status::Ok();
   return util::launch_dependent(merge_row_parts_kernel,
-                                dim3(static_cast<unsigned>(util::ceil_div(p.M, kMergeThreads))), dim3(kMergeThreads),
+                                dim3(static_cast<unsigned>(util::ceil_div(p.M, kRowsPerBlock))), dim3(kMergeThreads),
                                 0, stream, "merge_row_parts kernel launch", p.M, util::ceil_div(p.N, kTileN),
                                 static_cast<const float*>(p.row_parts), p.row_stats, row_lse);
 }

@@ -1,7 +1,7 @@
 // The recompute path's tile kernel (kernels/recompute/recompute.h): one CTA per 128x128 tile of y,
-// 8 warps of 32x64, the whole K of x's and W's tile rows in shared memory, mma.sync with fp32
-// accumulation (bf16/fp16: m16n8k16 fed by ldmatrix; fp32: m16n8k8 TF32, operands rounded to
-// nearest on their way into shared memory), then the pass's epilogue on the tile held in registers.
+// 8 warps of 32x64, the whole K of x's and W's tile rows in shared memory (cp.async), mma.sync with
+// fp32 accumulation (bf16/fp16: m16n8k16 fed by ldmatrix; fp32: m16n8k8 TF32, operands rounded to
+// nearest as the fragments are read), then the pass's epilogue on the tile held in registers.
 // Included by one translation unit per input type.
 #pragma once
 
@@ -49,28 +49,32 @@ __device__ __forceinline__ uint32_t round_tf32(uint32_t bits) {
   return r;
 }
 
-// `rows` tile rows of a row-major (rows_total, K) operand into shared memory (row stride S words),
-// 16-byte vectors; rows past rows_left and columns past K are zero.
+// The tile's rows of a row-major (rows_total, K) operand into shared memory (row stride S words),
+// 16-byte asynchronous copies (cp.async: every copy in flight at once, no registers held); rows past
+// rows_left and columns past K are zero-filled. The caller waits (wait_copies) and synchronises.
 template <class T>
-__device__ __forceinline__ void load_tile_rows(uint32_t* dst, const T* __restrict__ src, int64_t ld, int64_t rows_left,
+__device__ __forceinline__ void copy_tile_rows(uint32_t* dst, const T* __restrict__ src, int64_t ld, int64_t rows_left,
                                                int64_t K, int S) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kPerVec = 16 / static_cast<int>(sizeof(T));
   const int vecs_per_row = (S - 4) / 4;
   for (int v = threadIdx.x; v < kTM * vecs_per_row; v += kThreads) {
     const int r = v / vecs_per_row, cv = v % vecs_per_row;
     const int64_t k0 = static_cast<int64_t>(cv) * kPerVec;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < rows_left && k0 < K) {
-      val = __ldg(reinterpret_cast<const uint4*>(src + r * ld + k0));
-      if constexpr (sizeof(T) == 4) {
-        val.x = round_tf32(val.x);
-        val.y = round_tf32(val.y);
-        val.z = round_tf32(val.z);
-        val.w = round_tf32(val.w);
-      }
-    }
-    *reinterpret_cast<uint4*>(dst + r * S + cv * 4) = val;
+    const bool in = r < rows_left && k0 < K;
+    const T* from = in ? src + r * ld + k0 : src;  // a zero-byte copy still names a valid address
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(util::shared_address(dst + r * S + cv * 4)),
+                 "l"(from), "r"(in ? 16 : 0)
+                 : "memory");
   }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
@@ -144,16 +148,16 @@ __device__ __forceinline__ void tile_product(float (&acc)[2][8][4], const uint32
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         const int r0 = warp_m * 32 + mi * 16 + g;
-        a[mi][0] = As[r0 * S + k];
-        a[mi][1] = As[(r0 + 8) * S + k];
-        a[mi][2] = As[r0 * S + k + 4];
-        a[mi][3] = As[(r0 + 8) * S + k + 4];
+        a[mi][0] = round_tf32(As[r0 * S + k]);
+        a[mi][1] = round_tf32(As[(r0 + 8) * S + k]);
+        a[mi][2] = round_tf32(As[r0 * S + k + 4]);
+        a[mi][3] = round_tf32(As[(r0 + 8) * S + k + 4]);
       }
 #pragma unroll
       for (int ni = 0; ni < 8; ++ni) {
         const int n = warp_n * 64 + ni * 8 + g;
-        b[ni][0] = Bs[n * S + k];
-        b[ni][1] = Bs[n * S + k + 4];
+        b[ni][0] = round_tf32(Bs[n * S + k]);
+        b[ni][1] = round_tf32(Bs[n * S + k + 4]);
       }
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
@@ -195,8 +199,8 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
   const int S = row_words(p.K, sizeof(TIn));
   uint32_t* As = smem;
   uint32_t* Bs = smem + kTM * S;
-  load_tile_rows(As, static_cast<const TIn*>(p.x) + m0 * p.ldx, p.ldx, rows_here, p.K, S);
-  load_tile_rows(Bs, static_cast<const TIn*>(p.w) + n0 * p.ldw, p.ldw, p.N - n0, p.K, S);
+  copy_tile_rows(As, static_cast<const TIn*>(p.x) + m0 * p.ldx, p.ldx, rows_here, p.K, S);
+  copy_tile_rows(Bs, static_cast<const TIn*>(p.w) + n0 * p.ldw, p.ldw, p.N - n0, p.K, S);
   if (tid < kTN) {
     const int64_t col = n0 + tid;
     const bool in = col < p.N;
@@ -212,6 +216,7 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
       row_inv[tid] = row_in ? p.row_stats[2 * (m0 + tid) + 1] : 0.f;
     }
   }
+  wait_copies();
   __syncthreads();
 
   float acc[2][8][4];
