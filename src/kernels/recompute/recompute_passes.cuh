@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "fused/detail/bn_math.h"
@@ -51,7 +52,7 @@ __device__ __forceinline__ uint32_t round_tf32(uint32_t bits) {
 
 // The tile's rows of a row-major (rows_total, K) operand into shared memory (row stride S words),
 // 16-byte asynchronous copies (cp.async: every copy in flight at once, no registers held); rows past
-// rows_left and columns past K are zero-filled. The caller waits (wait_copies) and synchronises.
+// rows_left and columns past K are zero-filled. The caller commits the group, waits and synchronises.
 template <class T>
 __device__ __forceinline__ void copy_tile_rows(uint32_t* dst, const T* __restrict__ src, int64_t ld, int64_t rows_left,
                                                int64_t K, int S) {
@@ -67,6 +68,11 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t* dst, const T* __restric
                  "l"(from), "r"(in ? 16 : 0)
                  : "memory");
   }
+#endif
+}
+
+__device__ __forceinline__ void commit_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
@@ -183,113 +189,150 @@ __device__ __forceinline__ void store_pair(TOut* dst, float v0, float v1) {
 __device__ __forceinline__ int acc_row(int warp_m, int mi, int j, int g) { return warp_m * 32 + mi * 16 + (j >> 1) * 8 + g; }
 __device__ __forceinline__ int acc_col(int warp_n, int ni, int j, int t) { return warp_n * 64 + ni * 8 + 2 * t + (j & 1); }
 
+// Words of one pipeline stage: x's and W's tile rows, or (out) the staged out tile if larger.
+template <Pass kPass, class TOut>
+__host__ __device__ inline int stage_words(int S) {
+  const int operands = 2 * kTM * S;
+  const int staged = kPass == Pass::kWriteOut ? kTM * (kTN + kStageRowPad) * static_cast<int>(sizeof(TOut)) / 4 : 0;
+  return operands > staged ? operands : staged;
+}
+
+// Persistent CTAs walk the tiles (tile_m fastest: neighbouring CTAs share W's tile) with `stages`
+// operand buffers: with two, the next tile's copies are in flight while this tile is multiplied and
+// its epilogue runs.
 template <class TIn, Pass kPass, class TOut>
-__global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams p) {
+__global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams p, int tiles_m, int num_tiles,
+                                                                     int stages) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) uint32_t smem[];
-  __shared__ float bias_s[kTN], shift_s[kTN], a_s[kTN], c_s[kTN];
-  __shared__ float red[4][kTN];                  // cross-warp reductions
-  __shared__ float row_m[kTM], row_inv[kTM];     // [R4]: each row's max and 1 / sum; [R1]: column means
+  // Per tile: the columns' bias and folded coefficients, the rows' max and 1 / sum ([R4]; [R1]: the
+  // columns' means), and the cross-warp reductions.
+  __shared__ __align__(8) float bias_s[kTN], shift_s[kTN], a_s[kTN], c_s[kTN];
+  __shared__ float red[4][kTN];
+  __shared__ float row_m[kTM], row_inv[kTM];
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp >> 1, warp_n = warp & 1, g = lane >> 2, t = lane & 3;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTM, n0 = static_cast<int64_t>(blockIdx.y) * kTN;
-  const int64_t rows_here = std::min<int64_t>(kTM, p.M - m0);
   const int S = row_words(p.K, sizeof(TIn));
-  uint32_t* As = smem;
-  uint32_t* Bs = smem + kTM * S;
-  copy_tile_rows(As, static_cast<const TIn*>(p.x) + m0 * p.ldx, p.ldx, rows_here, p.K, S);
-  copy_tile_rows(Bs, static_cast<const TIn*>(p.w) + n0 * p.ldw, p.ldw, p.N - n0, p.K, S);
-  if (tid < kTN) {
-    const int64_t col = n0 + tid;
-    const bool in = col < p.N;
-    bias_s[tid] = p.bias != nullptr && in ? to_float(static_cast<const TIn*>(p.bias)[col]) : 0.f;
-    if constexpr (kPass != Pass::kColumnPartials) {
-      shift_s[tid] = in ? p.affine.shift[col] : 0.f;
-      a_s[tid] = in ? p.affine.a[col] : 0.f;
-      c_s[tid] = in ? p.affine.c[col] : 0.f;
-    }
-    if constexpr (kPass == Pass::kWriteOut) {
-      const bool row_in = tid < rows_here;
-      row_m[tid] = row_in ? p.row_stats[2 * (m0 + tid)] : 0.f;
-      row_inv[tid] = row_in ? p.row_stats[2 * (m0 + tid) + 1] : 0.f;
-    }
-  }
-  wait_copies();
-  __syncthreads();
-
-  float acc[2][8][4];
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[mi][ni][j] = 0.f;
-  tile_product<TIn>(acc, As, Bs, S, warp_m, warp_n, lane);
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[mi][ni][j] += bias_s[acc_col(warp_n, ni, j, t)];
-
-  if constexpr (kPass == Pass::kColumnPartials) {
-    // The tile's column means, then sums of squared deviations from them (two passes over the
-    // registers); rows past M count nothing. Fixed reduction order: deterministic.
-    float* col_mean = row_m;
-#pragma unroll
-    for (int step = 0; step < 2; ++step) {
-#pragma unroll
-      for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = acc_col(warp_n, ni, e, t);
-          const float mean = step == 0 ? 0.f : col_mean[col];
-          float s = 0.f;
-#pragma unroll
-          for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              if (acc_row(warp_m, mi, 2 * h, g) < rows_here) {
-                const float v = acc[mi][ni][2 * h + e];
-                s += step == 0 ? v : (v - mean) * (v - mean);
-              }
-            }
-          s += __shfl_xor_sync(0xffffffffu, s, 4);
-          s += __shfl_xor_sync(0xffffffffu, s, 8);
-          s += __shfl_xor_sync(0xffffffffu, s, 16);
-          if (g == 0) red[warp_m][col] = s;
-        }
-      __syncthreads();
-      if (tid < kTN) {
-        const float total = ((red[0][tid] + red[1][tid]) + red[2][tid]) + red[3][tid];
-        if (step == 0) {
-          col_mean[tid] = total / static_cast<float>(rows_here);
-        } else if (n0 + tid < p.N) {
-          const int64_t slot = static_cast<int64_t>(blockIdx.x) * p.partials.ld + n0 + tid;
-          p.partials.mean[slot] = col_mean[tid];
-          p.partials.m2[slot] = total;
-        }
+  const int words = stage_words<kPass, TOut>(S);
+  auto issue = [&](int tile, int stage) {
+    const int64_t m0 = static_cast<int64_t>(tile % tiles_m) * kTM, n0 = static_cast<int64_t>(tile / tiles_m) * kTN;
+    uint32_t* As = smem + stage * words;
+    copy_tile_rows(As, static_cast<const TIn*>(p.x) + m0 * p.ldx, p.ldx, p.M - m0, p.K, S);
+    copy_tile_rows(As + kTM * S, static_cast<const TIn*>(p.w) + n0 * p.ldw, p.ldw, p.N - n0, p.K, S);
+    commit_copies();
+  };
+  if (static_cast<int>(blockIdx.x) < num_tiles) issue(blockIdx.x, 0);
+  for (int tile = blockIdx.x, it = 0; tile < num_tiles; tile += gridDim.x, ++it) {
+    const int stage = stages == 2 ? (it & 1) : 0;
+    const int next = tile + static_cast<int>(gridDim.x);
+    const bool prefetch = stages == 2 && next < num_tiles;
+    if (prefetch) issue(next, stage ^ 1);
+    const int64_t m0 = static_cast<int64_t>(tile % tiles_m) * kTM, n0 = static_cast<int64_t>(tile / tiles_m) * kTN;
+    const int64_t rows_here = std::min<int64_t>(kTM, p.M - m0);
+    if (tid < kTN) {
+      const int64_t col = n0 + tid;
+      const bool in = col < p.N;
+      bias_s[tid] = p.bias != nullptr && in ? to_float(static_cast<const TIn*>(p.bias)[col]) : 0.f;
+      if constexpr (kPass != Pass::kColumnPartials) {
+        shift_s[tid] = in ? p.affine.shift[col] : 0.f;
+        a_s[tid] = in ? p.affine.a[col] : 0.f;
+        c_s[tid] = in ? p.affine.c[col] : 0.f;
       }
-      __syncthreads();
+      if constexpr (kPass == Pass::kWriteOut) {
+        const bool row_in = tid < rows_here;
+        row_m[tid] = row_in ? p.row_stats[2 * (m0 + tid)] : 0.f;
+        row_inv[tid] = row_in ? p.row_stats[2 * (m0 + tid) + 1] : 0.f;
+      }
     }
-    return;
-  } else {
-    // The logits; columns past N are -inf (they add nothing to a row).
+    if (prefetch) {
+      asm volatile("cp.async.wait_group 1;" ::: "memory");  // this tile's copies; the next tile's may fly
+    } else {
+      wait_copies();
+    }
+    __syncthreads();
+
+    float acc[2][8][4];
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
       for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int col = acc_col(warp_n, ni, j, t);
-          acc[mi][ni][j] =
-              n0 + col < p.N ? detail::bn_logit(acc[mi][ni][j], shift_s[col], a_s[col], c_s[col]) : -INFINITY;
+        for (int j = 0; j < 4; ++j) acc[mi][ni][j] = 0.f;
+    uint32_t* As = smem + stage * words;
+    tile_product<TIn>(acc, As, As + kTM * S, S, warp_m, warp_n, lane);
+
+    // y, then (R2, R4) the logits, one column pair's vectors at a time (columns past N: -inf).
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni) {
+      const int col = acc_col(warp_n, ni, 0, t);  // even: the pair (col, col + 1)
+      const float2 bias = *reinterpret_cast<const float2*>(bias_s + col);
+      float2 shift = make_float2(0.f, 0.f), a = shift, c = shift;
+      if constexpr (kPass != Pass::kColumnPartials) {
+        shift = *reinterpret_cast<const float2*>(shift_s + col);
+        a = *reinterpret_cast<const float2*>(a_s + col);
+        c = *reinterpret_cast<const float2*>(c_s + col);
+      }
+      const bool in0 = n0 + col < p.N, in1 = n0 + col + 1 < p.N;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float& v0 = acc[mi][ni][2 * h];
+          float& v1 = acc[mi][ni][2 * h + 1];
+          v0 += bias.x;
+          v1 += bias.y;
+          if constexpr (kPass != Pass::kColumnPartials) {
+            v0 = in0 ? detail::bn_logit(v0, shift.x, a.x, c.x) : -INFINITY;
+            v1 = in1 ? detail::bn_logit(v1, shift.y, a.y, c.y) : -INFINITY;
+          }
         }
-    if constexpr (kPass == Pass::kRowPartials) {
-      // Each row's max over the tile's columns (red rows 0-1: per warp column half), then its sum of
-      // exp(z - max) (red rows 2-3).
+    }
+
+    if constexpr (kPass == Pass::kColumnPartials) {
+      // The tile's column means, then sums of squared deviations from them (two passes over the
+      // registers); rows past M count nothing. Fixed reduction order: deterministic.
+      float* col_mean = row_m;
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = acc_col(warp_n, ni, e, t);
+            const float mean = step == 0 ? 0.f : col_mean[col];
+            float s = 0.f;
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                if (acc_row(warp_m, mi, 2 * h, g) < rows_here) {
+                  const float v = acc[mi][ni][2 * h + e];
+                  s += step == 0 ? v : (v - mean) * (v - mean);
+                }
+              }
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+            s += __shfl_xor_sync(0xffffffffu, s, 8);
+            s += __shfl_xor_sync(0xffffffffu, s, 16);
+            if (g == 0) red[warp_m][col] = s;
+          }
+        __syncthreads();
+        if (tid < kTN) {
+          const float total = ((red[0][tid] + red[1][tid]) + red[2][tid]) + red[3][tid];
+          if (step == 0) {
+            col_mean[tid] = total / static_cast<float>(rows_here);
+          } else if (n0 + tid < p.N) {
+            const int64_t slot = (m0 / kTM) * p.partials.ld + n0 + tid;
+            p.partials.mean[slot] = col_mean[tid];
+            p.partials.m2[slot] = total;
+          }
+        }
+        __syncthreads();
+      }
+    } else if constexpr (kPass == Pass::kRowPartials) {
+      // Each row's max over the tile's columns (red rows 0-1: one per warp column half), then its
+      // sum of exp(z - max) (red rows 2-3).
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -319,16 +362,16 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
         }
       __syncthreads();
       if (tid < rows_here) {
-        float* pair = p.row_parts + 2 * (static_cast<int64_t>(blockIdx.y) * p.M + m0 + tid);
+        float* pair = p.row_parts + 2 * ((n0 / kTN) * p.M + m0 + tid);
         pair[0] = fmaxf(red[0][tid], red[1][tid]);
         pair[1] = red[2][tid] + red[3][tid];
       }
     } else {
-      // out = exp(z - max) / sum, staged through shared memory (the operand tiles are free once
-      // every warp is past its product) for 16-byte stores along out's rows.
+      // out = exp(z - max) / sum, staged through this stage's buffer (free once every warp is past
+      // its product) for 16-byte stores along out's rows.
       constexpr int kRowStride = kTN + kStageRowPad;
       __syncthreads();
-      TOut* staged = reinterpret_cast<TOut*>(smem);
+      TOut* staged = reinterpret_cast<TOut*>(As);
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -344,7 +387,8 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
       constexpr int kPerVec = 16 / static_cast<int>(sizeof(TOut));
       constexpr int kVecsPerRow = kTN / kPerVec;
       TOut* out = static_cast<TOut*>(p.out);
-      const bool vec = (reinterpret_cast<uintptr_t>(out) & 15u) == 0 && (p.ldo * static_cast<int64_t>(sizeof(TOut))) % 16 == 0;
+      const bool vec =
+          (reinterpret_cast<uintptr_t>(out) & 15u) == 0 && (p.ldo * static_cast<int64_t>(sizeof(TOut))) % 16 == 0;
       for (int v = tid; v < kTM * kVecsPerRow; v += kThreads) {
         const int r = v / kVecsPerRow, cv = v % kVecsPerRow;
         const int64_t col = n0 + static_cast<int64_t>(cv) * kPerVec;
@@ -358,36 +402,61 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
         }
       }
     }
+    __syncthreads();  // the per-tile vectors and this stage are free for the next tiles
+    if (stages == 1 && next < num_tiles) issue(next, 0);
   }
 #else
   __trap();  // never launched below sm80 (choose_path)
 #endif
 }
 
-// Dynamic shared memory of a pass: the two operand tiles, or (out) the staged tile if larger.
-template <class TIn, Pass kPass, class TOut>
-int shared_bytes(int64_t K) {
-  const int operands = 2 * kTM * row_words(K, sizeof(TIn)) * 4;
-  const int staged = kPass == Pass::kWriteOut ? kTM * (kTN + kStageRowPad) * static_cast<int>(sizeof(TOut)) : 0;
-  return std::max(operands, staged);
-}
+// The most dynamic shared memory a pass launches with: two stages of the largest K's operands or of
+// the staged fp32 out tile.
+constexpr int kMaxDynamicSharedBytes = 2 * kMaxSharedBytes;
 
 template <class TIn, Pass kPass, class TOut>
 Status launch(const PassParams& p, cudaStream_t stream) {
   auto* kernel = recompute_pass_kernel<TIn, kPass, TOut>;
   const int device = util::detail::current_device();
-  // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
+  if (device < 0 || device >= util::kMaxCachedDevices) return {StatusCode::kCudaError, "recompute pass: no device"};
+  int sms = 0;
+  FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
+  // Above 48 KiB of dynamic shared memory a kernel must opt in: once per device, for the most it uses.
   const int opted_in = util::detail::cached_per_device(device, [kernel](int) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes) != cudaSuccess) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSharedBytes) !=
+        cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
     return 1;
   });
   if (opted_in <= 0) return {StatusCode::kCudaError, "recompute pass: cudaFuncSetAttribute(shared memory) failed"};
-  const dim3 grid(static_cast<unsigned>(util::ceil_div(p.M, kTileM)), static_cast<unsigned>(util::ceil_div(p.N, kTileN)));
-  return util::launch_dependent(kernel, grid, dim3(kThreads), static_cast<size_t>(shared_bytes<TIn, kPass, TOut>(p.K)),
-                                stream, "recompute pass kernel launch", p);
+  // Resident CTAs per SM for each (stages, row stride) this kernel can take, cached per device.
+  const int S = row_words(p.K, sizeof(TIn));
+  const int stage_bytes = stage_words<kPass, TOut>(S) * 4;
+  static std::atomic<int> resident[util::kMaxCachedDevices][2][kMaxSharedBytes / (2 * kTM * 4 * 8) + 2] = {};
+  auto ctas_per_sm = [&](int stages) {
+    std::atomic<int>& slot = resident[device][stages - 1][(S - 4) / 8];
+    int ctas = slot.load(std::memory_order_relaxed);
+    if (ctas > 0) return ctas;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, stages * stage_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    slot.store(ctas, std::memory_order_relaxed);
+    return ctas;
+  };
+  // Two stages (the next tile's copies in flight) where two CTAs still fit on an SM; else one stage.
+  int stages = 2, per_sm = ctas_per_sm(2);
+  if (per_sm < 2) stages = 1, per_sm = ctas_per_sm(1);
+  if (per_sm <= 0) return {StatusCode::kCudaError, "recompute pass: occupancy query failed"};
+  const int64_t tiles_m = util::ceil_div(p.M, kTileM);
+  const int64_t num_tiles = tiles_m * util::ceil_div(p.N, kTileN);
+  if (num_tiles > 0x7fffffff) return {StatusCode::kNotSupported, "recompute pass: more than 2^31 - 1 tiles"};
+  const int64_t grid = std::min<int64_t>(num_tiles, int64_t{sms} * per_sm);
+  return util::launch_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
+                                static_cast<size_t>(stages * stage_bytes), stream, "recompute pass kernel launch", p,
+                                static_cast<int>(tiles_m), static_cast<int>(num_tiles), stages);
 }
 
 template <class TIn>
