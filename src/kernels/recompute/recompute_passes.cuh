@@ -57,14 +57,21 @@ template <class T>
 __device__ __forceinline__ void copy_tile_rows(uint32_t* dst, const T* __restrict__ src, int64_t ld, int64_t rows_left,
                                                int64_t K, int S) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // Thread i copies vector i % 16 of rows i / 16, i / 16 + 16, ...: a row holds at most 16 vectors
+  // (kMaxKBytes), and no division by the row length.
   constexpr int kPerVec = 16 / static_cast<int>(sizeof(T));
-  const int vecs_per_row = (S - 4) / 4;
-  for (int v = threadIdx.x; v < kTM * vecs_per_row; v += kThreads) {
-    const int r = v / vecs_per_row, cv = v % vecs_per_row;
-    const int64_t k0 = static_cast<int64_t>(cv) * kPerVec;
+  constexpr int kRowsPerPass = kThreads / 16;
+  static_assert(kMaxKBytes <= 16 * 16, "a row's vectors exceed the 16 lanes of a row");
+  const int cv = threadIdx.x & 15;
+  if (cv >= (S - 4) / 4) return;
+  const int64_t k0 = static_cast<int64_t>(cv) * kPerVec;
+  const uint32_t dst0 = util::shared_address(dst + cv * 4);
+#pragma unroll
+  for (int i = 0; i < kTM / kRowsPerPass; ++i) {
+    const int r = static_cast<int>(threadIdx.x >> 4) + i * kRowsPerPass;
     const bool in = r < rows_left && k0 < K;
     const T* from = in ? src + r * ld + k0 : src;  // a zero-byte copy still names a valid address
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(util::shared_address(dst + r * S + cv * 4)),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst0 + static_cast<uint32_t>(r * S * 4)),
                  "l"(from), "r"(in ? 16 : 0)
                  : "memory");
   }
@@ -223,6 +230,33 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
     copy_tile_rows(As + kTM * S, static_cast<const TIn*>(p.w) + n0 * p.ldw, p.ldw, p.N - n0, p.K, S);
     commit_copies();
   };
+  // The per-tile vectors (threads < 128: one column and one row each) are read one tile ahead into
+  // registers, so their global loads never wait at the top of a tile.
+  struct TileVectors {
+    float bias = 0.f, shift = 0.f, a = 0.f, c = 0.f, row_max = 0.f, row_inv = 0.f;
+  };
+  auto read_vectors = [&](int tile) {
+    TileVectors v;
+    if (tid >= kTN || tile >= num_tiles) return v;
+    const int64_t m0 = static_cast<int64_t>(tile % tiles_m) * kTM, n0 = static_cast<int64_t>(tile / tiles_m) * kTN;
+    const int64_t col = n0 + tid, row = m0 + tid;
+    if (col < p.N) {
+      if (p.bias != nullptr) v.bias = to_float(static_cast<const TIn*>(p.bias)[col]);
+      if constexpr (kPass != Pass::kColumnPartials) {
+        v.shift = p.affine.shift[col];
+        v.a = p.affine.a[col];
+        v.c = p.affine.c[col];
+      }
+    }
+    if constexpr (kPass == Pass::kWriteOut) {
+      if (row < p.M) {
+        v.row_max = p.row_stats[2 * row];
+        v.row_inv = p.row_stats[2 * row + 1];
+      }
+    }
+    return v;
+  };
+  TileVectors vectors = read_vectors(blockIdx.x);
   if (static_cast<int>(blockIdx.x) < num_tiles) issue(blockIdx.x, 0);
   for (int tile = blockIdx.x, it = 0; tile < num_tiles; tile += gridDim.x, ++it) {
     const int stage = stages == 2 ? (it & 1) : 0;
@@ -232,20 +266,14 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
     const int64_t m0 = static_cast<int64_t>(tile % tiles_m) * kTM, n0 = static_cast<int64_t>(tile / tiles_m) * kTN;
     const int64_t rows_here = std::min<int64_t>(kTM, p.M - m0);
     if (tid < kTN) {
-      const int64_t col = n0 + tid;
-      const bool in = col < p.N;
-      bias_s[tid] = p.bias != nullptr && in ? to_float(static_cast<const TIn*>(p.bias)[col]) : 0.f;
-      if constexpr (kPass != Pass::kColumnPartials) {
-        shift_s[tid] = in ? p.affine.shift[col] : 0.f;
-        a_s[tid] = in ? p.affine.a[col] : 0.f;
-        c_s[tid] = in ? p.affine.c[col] : 0.f;
-      }
-      if constexpr (kPass == Pass::kWriteOut) {
-        const bool row_in = tid < rows_here;
-        row_m[tid] = row_in ? p.row_stats[2 * (m0 + tid)] : 0.f;
-        row_inv[tid] = row_in ? p.row_stats[2 * (m0 + tid) + 1] : 0.f;
-      }
+      bias_s[tid] = vectors.bias;
+      shift_s[tid] = vectors.shift;
+      a_s[tid] = vectors.a;
+      c_s[tid] = vectors.c;
+      row_m[tid] = vectors.row_max;
+      row_inv[tid] = vectors.row_inv;
     }
+    vectors = read_vectors(next);
     if (prefetch) {
       asm volatile("cp.async.wait_group 1;" ::: "memory");  // this tile's copies; the next tile's may fly
     } else {
