@@ -10,9 +10,9 @@
 //       (GemmPath::kGeneric); cuda::choose_path() decides
 //   [2] finalize: partials -> mean, invstd, running-stat update, folded per-column affine map
 //   [3] row softmax: out = softmax(a * (y - shift) + c), and each row's log-normaliser for the backward
-// For small K when y is not kept (GemmPath::kRecompute), y is never written: [1] becomes a pass
-// that recomputes y's tiles for their column partials, and [3] two more passes that recompute them
-// for the rows' (max, sum) and for out (src/kernels/recompute/recompute.h).
+// On request, for small K when y is not kept (GemmPath::kRecompute), y is never written: [1]
+// becomes a pass that recomputes y's tiles for their column partials, and [3] two more passes that
+// recompute them for the rows' (max, sum) and for out (src/kernels/recompute/recompute.h).
 // The CPU implementation (fused::cpu) follows the same steps on host memory, from a y the caller
 // computed.
 #pragma once
@@ -31,8 +31,8 @@ struct ForwardProblem {
   ElementType dtype = ElementType::kFloat32;      // of x, W, bias: the GEMM's input type
   ElementType out_dtype = ElementType::kFloat32;  // of out (autocast asks for fp32 out of a 16-bit GEMM)
   MatmulPrecision precision = MatmulPrecision::kHighest;  // fp32 only
-  // false: the caller does not need y (no backward will read it). Then y may be null, and the
-  // recompute path (GemmPath::kRecompute) may run, which never writes y.
+  // false: the caller does not need y (no backward will read it). Then y may be null for the
+  // recompute path (GemmPath::kRecompute), which never writes y; the other paths still need one.
   bool keep_y = true;
 };
 
@@ -91,7 +91,8 @@ enum class GemmPath : int {
   kSm90 = 0,     // CUTLASS sm90 GEMM with the column-statistics epilogue (Hopper, bf16/fp16/tf32)
   kGeneric = 1,  // cuBLASLt GEMM with its bias epilogue, then the generic column-partials kernel (any GPU)
   // Small K, y not kept (keep_y = false): y's tiles recomputed from x and W in each of three passes
-  // (column partials; rows' max and sum; out), never written (compute capability >= 8.0)
+  // (column partials; rows' max and sum; out), never written (compute capability >= 8.0). Only
+  // when asked for: it saves y's memory but is slower than kSm90 (choose_path, rule 4)
   kRecompute = 2,
 };
 
@@ -128,12 +129,14 @@ enum class PathRequest : int { kAuto = 0, kSm90 = 1, kGeneric = 2, kRecompute = 
 //      cuBLASLt's split-K GEMM plus the statistics pass is faster (measured on the H200: M = 256,
 //      N = K = 8192 bf16, 74 vs 86 us per call; tf32 there: sm90 122 vs generic 137 us). There the
 //      generic path runs; otherwise sm90.
-//   4. (before 3) a caller that does not keep y (keep_y = false), with K small enough for the whole
-//      K of a 128-row tile to sit in shared memory (K <= 128 for bf16/fp16, K <= 64 for tf32), gets
-//      the recompute path, which never writes y: at such K, recomputing the GEMM twice costs less
-//      than writing y in fp32 and reading it back. It needs compute capability >= 8.0 (mma.sync),
-//      bf16/fp16 or tf32, 16-byte aligned x and W, and K and the row strides of x and W multiples
-//      of 16 bytes. A forced "recompute" on a problem it cannot run is refused with the reason.
+//   4. the recompute path runs only when asked for (request or environment): it never writes y, so
+//      it needs no (M, N) fp32 buffer (inference peak memory: out alone), but its three mma.sync
+//      tile passes are slower than the sm90 GEMM + softmax (H200, 4096 x 8192, bf16: 0.176 vs
+//      0.136 ms at K = 64), so the automatic rule never picks it. It takes y not kept (keep_y =
+//      false), K small enough for a 128-row tile's whole K in shared memory (K <= 128 for
+//      bf16/fp16, K <= 64 for tf32), compute capability >= 8.0, bf16/fp16 or tf32, 16-byte aligned
+//      x and W, and K and the row strides of x and W multiples of 16 bytes; else it is refused with
+//      the reason.
 // Buffers not allocated yet may be null (x, weight or y, with a row stride of 0): they are taken
 // as fresh allocations, 256-byte aligned with dense rows, as any CUDA allocator returns; so a caller
 // can ask before allocating anything. Reads no device memory.

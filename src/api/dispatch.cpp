@@ -160,9 +160,8 @@ Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const Devic
     *path = GemmPath::kGeneric;
     return Status::Ok();
   }
-  const Status recompute_ok = recompute_can_implement(p, b, device);
-  if (request == PathRequest::kRecompute) {
-    if (!recompute_ok.ok()) return recompute_ok;
+  if (request == PathRequest::kRecompute) {  // rule 4: only when asked for
+    FUSED_RETURN_IF_ERROR(recompute_can_implement(p, b, device));
     *path = GemmPath::kRecompute;
     return Status::Ok();
   }
@@ -175,10 +174,6 @@ Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const Devic
   }
   const bool tiny_tf32 =
       p.dtype == ElementType::kFloat32 && p.precision == MatmulPrecision::kTF32 && p.M <= kExactFp32MaxBatch;  // rule 2
-  if (recompute_ok.ok() && !tiny_tf32) {  // rule 4
-    *path = GemmPath::kRecompute;
-    return Status::Ok();
-  }
   *path = sm90_ok.ok() && !tiny_tf32 && sm90_preferred(p, device.multiprocessor_count) ? GemmPath::kSm90
                                                                                       : GemmPath::kGeneric;
   return Status::Ok();

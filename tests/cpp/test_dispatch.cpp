@@ -173,24 +173,24 @@ TEST_F(ChoosePath, EnvironmentOverride) {
   EXPECT_NE(std::string(bad.message).find("GEMM_BN_SOFTMAX_PATH must be"), std::string::npos);
 }
 
-// Rule 4: small K with y not kept runs the recompute path (any GPU from compute capability 8.0);
-// y kept, larger K, exact fp32, 3xTF32, unaligned operands or an older GPU do not.
-TEST_F(ChoosePath, SmallKWithoutYRecomputes) {
+// Rule 4: the recompute path runs when asked for, on small K with y not kept (any GPU from compute
+// capability 8.0); never automatically; and it refuses, with the reason, y kept, larger K, exact
+// fp32, 3xTF32, unaligned operands or an older GPU.
+TEST_F(ChoosePath, RecomputeOnlyWhenAskedFor) {
   ForwardProblem bf16 = problem(4096, 8192, 64, ElementType::kBFloat16);
   bf16.keep_y = false;
-  EXPECT_EQ(choose(bf16, ForwardBuffers{}, kH200), GemmPath::kRecompute);
-  EXPECT_EQ(choose(bf16, aligned(bf16), kA100), GemmPath::kRecompute);
+  EXPECT_EQ(choose(bf16, ForwardBuffers{}, kH200, PathRequest::kRecompute), GemmPath::kRecompute);
+  EXPECT_EQ(choose(bf16, aligned(bf16), kA100, PathRequest::kRecompute), GemmPath::kRecompute);
+  if (sm90_compiled()) EXPECT_EQ(choose(bf16, ForwardBuffers{}, kH200), GemmPath::kSm90);
+  EXPECT_EQ(choose(bf16, ForwardBuffers{}, kA100), GemmPath::kGeneric);
   ForwardProblem widest = problem(1024, 1000, 128, ElementType::kFloat16);
   widest.keep_y = false;
-  EXPECT_EQ(choose(widest, ForwardBuffers{}, kH200), GemmPath::kRecompute);
+  EXPECT_EQ(choose(widest, ForwardBuffers{}, kH200, PathRequest::kRecompute), GemmPath::kRecompute);
   ForwardProblem tf32 = problem(4096, 8192, 64, ElementType::kFloat32, MatmulPrecision::kTF32);
   tf32.keep_y = false;
-  EXPECT_EQ(choose(tf32, ForwardBuffers{}, kH200), GemmPath::kRecompute);
-  tf32.M = kExactFp32MaxBatch;  // rule 2 first: tiny tf32 batches run exact fp32
-  EXPECT_EQ(choose(tf32, ForwardBuffers{}, kH200), GemmPath::kGeneric);
+  EXPECT_EQ(choose(tf32, ForwardBuffers{}, kH200, PathRequest::kRecompute), GemmPath::kRecompute);
 
-  auto not_recompute = [&](ForwardProblem p, const ForwardBuffers& b, const DeviceProperties& d, const char* why) {
-    EXPECT_NE(choose(p, b, d), GemmPath::kRecompute) << why;
+  auto refused = [&](ForwardProblem p, const ForwardBuffers& b, const DeviceProperties& d, const char* why) {
     const Status s = refusal(p, b, d, PathRequest::kRecompute);
     EXPECT_EQ(s.code, StatusCode::kNotSupported) << why;
     EXPECT_NE(std::string(s.message).find("the recompute path cannot run this problem"), std::string::npos)
@@ -198,31 +198,29 @@ TEST_F(ChoosePath, SmallKWithoutYRecomputes) {
   };
   ForwardProblem kept = bf16;
   kept.keep_y = true;
-  not_recompute(kept, ForwardBuffers{}, kH200, "y kept");
+  refused(kept, ForwardBuffers{}, kH200, "y kept");
   ForwardProblem long_k = bf16;
   long_k.K = 136;
-  not_recompute(long_k, ForwardBuffers{}, kH200, "K > 128 in bf16");
+  refused(long_k, ForwardBuffers{}, kH200, "K > 128 in bf16");
   ForwardProblem long_k_tf32 = tf32;
-  long_k_tf32.M = 4096;
   long_k_tf32.K = 68;
-  not_recompute(long_k_tf32, ForwardBuffers{}, kH200, "K > 64 in tf32");
+  refused(long_k_tf32, ForwardBuffers{}, kH200, "K > 64 in tf32");
   ForwardProblem exact = problem(4096, 8192, 64, ElementType::kFloat32);
   exact.keep_y = false;
-  not_recompute(exact, ForwardBuffers{}, kH200, "exact fp32");
+  refused(exact, ForwardBuffers{}, kH200, "exact fp32");
   ForwardProblem three = exact;
   three.precision = MatmulPrecision::k3xTF32;
-  const Status s3 = refusal(three, ForwardBuffers{}, kH200, PathRequest::kRecompute);
-  EXPECT_EQ(s3.code, StatusCode::kNotSupported);
+  refused(three, ForwardBuffers{}, kH200, "3xTF32");
   ForwardBuffers unaligned = aligned(bf16);
   unaligned.x = static_cast<const char*>(unaligned.x) + 2;
-  not_recompute(bf16, unaligned, kH200, "x not 16-byte aligned");
+  refused(bf16, unaligned, kH200, "x not 16-byte aligned");
   ForwardBuffers odd_stride = aligned(bf16);
   odd_stride.ldw = 68;
-  not_recompute(bf16, odd_stride, kH200, "W's row stride not a multiple of 16 bytes");
+  refused(bf16, odd_stride, kH200, "W's row stride not a multiple of 16 bytes");
   ForwardProblem odd_k = bf16;
   odd_k.K = 60;
-  not_recompute(odd_k, ForwardBuffers{}, kH200, "K not a multiple of 16 bytes");
-  not_recompute(bf16, ForwardBuffers{}, DeviceProperties{7, 80}, "compute capability 7.x");
+  refused(odd_k, ForwardBuffers{}, kH200, "K not a multiple of 16 bytes");
+  refused(bf16, ForwardBuffers{}, DeviceProperties{7, 80}, "compute capability 7.x");
 }
 
 TEST_F(ChoosePath, RecomputeFromTheEnvironment) {

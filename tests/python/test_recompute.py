@@ -1,6 +1,7 @@
 """keep_y and the recompute path: a forward whose y no backward will read need not keep y, and for
-small K (bf16/fp16 K <= 128, tf32 K <= 64) the CUDA op then recomputes the GEMM in each pass instead
-of writing y. The CPU cases run everywhere; the CUDA cases skip without a GPU."""
+small K (bf16/fp16 K <= 128, tf32 K <= 64) path="recompute" then recomputes the GEMM in each pass
+instead of writing y (asked for by name only: it saves y's memory, not time). The CPU cases run
+everywhere; the CUDA cases skip without a GPU."""
 import pytest
 import torch
 
@@ -75,24 +76,30 @@ MODES = {"bf16": (torch.bfloat16, None), "fp16": (torch.float16, None), "tf32": 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("shape", [(300, 200, 64), (1024, 1000, 32), (257, 136, 128), (64, 96, 8)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_module_inference_recomputes_and_matches_float64(mode, shape):
+def test_recompute_matches_float64_over_steps(mode, shape):
     m, n, k = shape
     dtype, precision = MODES[mode]
     if mode == "tf32" and k > 64:
         pytest.skip("tf32 recomputes up to K = 64")
     ref, ref64, fused = make_models(k, n, dtype, "cuda")
-    fused.precision = precision
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     try:
-        for training in (True, False):
+        for training in (True, True, False):
             for mod in (ref, ref64, fused):
                 mod.train(training)
             x = torch.rand(m, k, device="cuda").to(dtype)
+            # Never the automatic choice; asked for by name under no_grad.
             assert gbs.dispatch_path(x, fused.gemm.weight, fused.gemm.bias, precision=precision,
+                                     differentiable=False) != "recompute"
+            assert gbs.dispatch_path(x, fused.gemm.weight, fused.gemm.bias, precision=precision, path="recompute",
                                      differentiable=False) == "recompute"
             with torch.no_grad():
                 want = ref64(x.double())
-                got = fused(x)
+                bn = fused.bn
+                got = gbs.gemm_bn_softmax(x, fused.gemm.weight, fused.gemm.bias, bn.weight, bn.bias, bn.running_mean,
+                                          bn.running_var, fused.scale, training=training, momentum=0.1, eps=bn.eps,
+                                          num_batches_tracked=bn.num_batches_tracked if training else None,
+                                          precision=precision, path="recompute")
                 eager = ref(x)
             bound = TOL[dtype] if mode != "tf32" else max(TOL["tf32"], 1.25 * rel_err(eager, want))
             assert rel_err(got, want) <= bound, (training, rel_err(got, want), rel_err(eager, want))
@@ -155,10 +162,9 @@ def test_forced_recompute_refusals_say_why():
         with pytest.raises(RuntimeError, match="bf16, fp16 and tf32 only"):
             gbs.gemm_bn_softmax(torch.rand(8, 64, device="cuda"), torch.rand(16, 64, device="cuda"),
                                 precision="highest", path="recompute")
-        # Not aligned to 16 bytes: the automatic rule passes the recompute path over.
-        x_odd = torch.rand(8, 72, device="cuda", dtype=torch.bfloat16)[:, 1:65]
+        x_odd = torch.rand(8, 72, device="cuda", dtype=torch.bfloat16)[:, 1:65]  # 2 bytes off alignment
         w_odd = torch.rand(16, 64, device="cuda", dtype=torch.bfloat16)
-        assert gbs.dispatch_path(x_odd.contiguous(), w_odd, differentiable=False) == "recompute"
-        assert gbs.dispatch_path(x_odd, w_odd, differentiable=False) != "recompute"
-        out = gbs.gemm_bn_softmax(x_odd, w_odd)
-        assert torch.isfinite(out).all()
+        assert gbs.dispatch_path(x_odd.contiguous(), w_odd, path="recompute", differentiable=False) == "recompute"
+        with pytest.raises(RuntimeError, match="16-byte aligned"):
+            gbs.gemm_bn_softmax(x_odd, w_odd, path="recompute")
+        assert torch.isfinite(gbs.gemm_bn_softmax(x_odd, w_odd)).all()  # the automatic path runs it
