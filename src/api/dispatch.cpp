@@ -109,28 +109,23 @@ Status generic_can_implement(const ForwardProblem& p) {
 }
 
 Status recompute_can_implement(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& device) {
-  auto refuse_recompute = [](const char* reason) {
-    return Status{StatusCode::kNotSupported, reason};
-  };
-#define FUSED_RECOMPUTE_REFUSAL(reason) "the recompute path cannot run this problem: " reason
-  if (p.keep_y)
-    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("it never writes y, and y is kept (keep_y; a backward reads y)"));
+#define FUSED_REFUSE_RECOMPUTE(reason) \
+  return { StatusCode::kNotSupported, "the recompute path cannot run this problem: " reason }
+  if (p.keep_y) FUSED_REFUSE_RECOMPUTE("it never writes y, and y is kept (keep_y; a backward reads y)");
   if (device.compute_capability_major < 8)
-    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("it needs compute capability 8.0 or newer (mma.sync)"));
+    FUSED_REFUSE_RECOMPUTE("it needs compute capability 8.0 or newer (mma.sync)");
   const bool sixteen_bit = p.dtype == ElementType::kBFloat16 || p.dtype == ElementType::kFloat16;
   if (!sixteen_bit && !(p.dtype == ElementType::kFloat32 && p.precision == MatmulPrecision::kTF32))
-    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("it runs bf16, fp16 and tf32 only"));
-  if (p.M == 0 || p.N == 0 || p.K == 0) return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("empty problem"));
-  if (p.K > recompute::max_k(p.dtype))
-    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("K must be at most 128 (bf16, fp16) or 64 (tf32)"));
+    FUSED_REFUSE_RECOMPUTE("it runs bf16, fp16 and tf32 only");
+  if (p.M == 0 || p.N == 0 || p.K == 0) FUSED_REFUSE_RECOMPUTE("empty problem");
+  if (p.K > recompute::max_k(p.dtype)) FUSED_REFUSE_RECOMPUTE("K must be at most 128 (bf16, fp16) or 64 (tf32)");
   const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
   if (p.K % per16 != 0 || stride_or_dense(b.ldx, p.K) % per16 != 0 || stride_or_dense(b.ldw, p.K) % per16 != 0 ||
       !aligned16_or_fresh(b.x) || !aligned16_or_fresh(b.weight))
-    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL(
-        "x and W must be 16-byte aligned, with K and their row strides multiples of 16 bytes"));
-  if (p.M > 0x7fffffff || util::ceil_div(p.N, recompute::kTileN) > recompute::kMaxGridY)
-    return refuse_recompute(FUSED_RECOMPUTE_REFUSAL("M must fit in int32 and N be at most 65535 * 128"));
-#undef FUSED_RECOMPUTE_REFUSAL
+    FUSED_REFUSE_RECOMPUTE("x and W must be 16-byte aligned, with K and their row strides multiples of 16 bytes");
+  if (p.M > 0x7fffffff || p.N > 0x7fffffff || recompute::num_tiles(p.M, p.N) > recompute::kMaxTiles)
+    FUSED_REFUSE_RECOMPUTE("M and N must fit in int32, in at most 2^31 - 1 tiles");
+#undef FUSED_REFUSE_RECOMPUTE
   return Status::Ok();
 }
 

@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kMergeThreads)
 Status run_pass(Pass pass, const PassParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.N == 0) return Status::Ok();
   if (p.K < 1 || p.K > max_k(p.dtype)) return {StatusCode::kNotSupported, "recompute pass: K outside [1, max_k]"};
-  if (util::ceil_div(p.N, kTileN) > kMaxGridY) return {StatusCode::kNotSupported, "recompute pass: N too large"};
+  if (num_tiles(p.M, p.N) > kMaxTiles) return {StatusCode::kNotSupported, "recompute pass: more than 2^31 - 1 tiles"};
   switch (p.dtype) {
     case ElementType::kBFloat16: return run_pass_bf16(pass, p, stream);
     case ElementType::kFloat16: return run_pass_fp16(pass, p, stream);

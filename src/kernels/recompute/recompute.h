@@ -23,7 +23,9 @@ namespace fused::cuda::recompute {
 
 constexpr int64_t kTileM = 128;
 constexpr int64_t kTileN = 128;
-constexpr int64_t kMaxGridY = 65535;  // column tiles run along gridDim.y
+// The most tiles a pass takes (int32 tile indices).
+constexpr int64_t kMaxTiles = 0x7fffffff;
+inline int64_t num_tiles(int64_t M, int64_t N) { return ((M + kTileM - 1) / kTileM) * ((N + kTileN - 1) / kTileN); }
 
 // The largest K a pass holds in shared memory: 256 bytes of a row (bf16/fp16 K <= 128, fp32 K <= 64).
 constexpr int64_t kMaxKBytes = 256;
@@ -55,7 +57,8 @@ struct PassParams {
 inline int64_t row_parts_floats(int64_t M, int64_t N) { return 2 * M * ((N + kTileN - 1) / kTileN); }
 inline int64_t row_stats_floats(int64_t M) { return 2 * M; }
 
-// [R1], [R2], [R4]: one launch of `pass` over the (ceil(M / 128), ceil(N / 128)) tiles.
+// [R1], [R2], [R4]: one launch of `pass` over the (ceil(M / 128), ceil(N / 128)) tiles, by
+// persistent CTAs.
 Status run_pass(Pass pass, const PassParams& p, cudaStream_t stream);
 // [R3], and the row log-normalisers (row_lse may be null).
 Status merge_row_parts(const PassParams& p, float* row_lse, cudaStream_t stream);

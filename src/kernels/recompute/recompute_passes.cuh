@@ -26,9 +26,10 @@ constexpr int kThreads = 256;  // warp w: rows 32 * (w / 2) .. +32, columns 64 *
 constexpr int kTM = static_cast<int>(kTileM);
 constexpr int kTN = static_cast<int>(kTileN);
 constexpr int kStageRowPad = 8;  // elements after each staged out row: conflict-free 4- and 8-byte stores
-// Shared memory a CTA may take: two tiles of kMaxKBytes rows (padded), or the staged fp32 out tile.
-constexpr int kMaxSharedBytes = 2 * kTM * (static_cast<int>(kMaxKBytes) / 4 + 4) * 4;
-static_assert(kMaxSharedBytes >= kTM * (kTN + kStageRowPad) * 4, "the staged fp32 out tile must fit");
+// Shared memory of one stage at most: the two tiles of kMaxKBytes rows (padded), or the staged fp32
+// out tile.
+constexpr int kMaxStageBytes = 2 * kTM * (static_cast<int>(kMaxKBytes) / 4 + 4) * 4;
+static_assert(kMaxStageBytes >= kTM * (kTN + kStageRowPad) * 4, "the staged fp32 out tile must fit");
 
 // Row stride, in 32-bit words, of a tile row of x or W in shared memory: K padded to 8 words (one
 // k-step), plus 4 words, so that the 8 rows one fragment load touches fall in distinct banks.
@@ -193,8 +194,12 @@ __device__ __forceinline__ void store_pair(TOut* dst, float v0, float v1) {
 
 // Accumulator element (mi, ni, j) of lane (g, t) in warp (warp_m, warp_n) sits at tile row
 // warp_m * 32 + mi * 16 + (j / 2) * 8 + g and tile column warp_n * 64 + ni * 8 + 2 t + j % 2.
-__device__ __forceinline__ int acc_row(int warp_m, int mi, int j, int g) { return warp_m * 32 + mi * 16 + (j >> 1) * 8 + g; }
-__device__ __forceinline__ int acc_col(int warp_n, int ni, int j, int t) { return warp_n * 64 + ni * 8 + 2 * t + (j & 1); }
+__device__ __forceinline__ int acc_row(int warp_m, int mi, int j, int g) {
+  return warp_m * 32 + mi * 16 + (j >> 1) * 8 + g;
+}
+__device__ __forceinline__ int acc_col(int warp_n, int ni, int j, int t) {
+  return warp_n * 64 + ni * 8 + 2 * t + (j & 1);
+}
 
 // Words of one pipeline stage: x's and W's tile rows, or (out) the staged out tile if larger.
 template <Pass kPass, class TOut>
@@ -440,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
 
 // The most dynamic shared memory a pass launches with: two stages of the largest K's operands or of
 // the staged fp32 out tile.
-constexpr int kMaxDynamicSharedBytes = 2 * kMaxSharedBytes;
+constexpr int kMaxDynamicSharedBytes = 2 * kMaxStageBytes;
 
 template <class TIn, Pass kPass, class TOut>
 Status launch(const PassParams& p, cudaStream_t stream) {
@@ -462,7 +467,7 @@ Status launch(const PassParams& p, cudaStream_t stream) {
   // Resident CTAs per SM for each (stages, row stride) this kernel can take, cached per device.
   const int S = row_words(p.K, sizeof(TIn));
   const int stage_bytes = stage_words<kPass, TOut>(S) * 4;
-  static std::atomic<int> resident[util::kMaxCachedDevices][2][kMaxSharedBytes / (2 * kTM * 4 * 8) + 2] = {};
+  static std::atomic<int> resident[util::kMaxCachedDevices][2][kMaxStageBytes / (2 * kTM * 4 * 8) + 2] = {};
   auto ctas_per_sm = [&](int stages) {
     std::atomic<int>& slot = resident[device][stages - 1][(S - 4) / 8];
     int ctas = slot.load(std::memory_order_relaxed);
@@ -479,12 +484,11 @@ Status launch(const PassParams& p, cudaStream_t stream) {
   if (per_sm < 2) stages = 1, per_sm = ctas_per_sm(1);
   if (per_sm <= 0) return {StatusCode::kCudaError, "recompute pass: occupancy query failed"};
   const int64_t tiles_m = util::ceil_div(p.M, kTileM);
-  const int64_t num_tiles = tiles_m * util::ceil_div(p.N, kTileN);
-  if (num_tiles > 0x7fffffff) return {StatusCode::kNotSupported, "recompute pass: more than 2^31 - 1 tiles"};
-  const int64_t grid = std::min<int64_t>(num_tiles, int64_t{sms} * per_sm);
+  const int64_t tiles = num_tiles(p.M, p.N);  // <= kMaxTiles (run_pass)
+  const int64_t grid = std::min<int64_t>(tiles, int64_t{sms} * per_sm);
   return util::launch_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
                                 static_cast<size_t>(stages * stage_bytes), stream, "recompute pass kernel launch", p,
-                                static_cast<int>(tiles_m), static_cast<int>(num_tiles), stages);
+                                static_cast<int>(tiles_m), static_cast<int>(tiles), stages);
 }
 
 template <class TIn>
