@@ -18,6 +18,10 @@
 # (filled by tools/prepare_device_cache.sh on a machine with internet access).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${GIT_REV:-}" ] && ! [[ "$GIT_REV" =~ ^[0-9a-f]{7,40}$ ]]; then
+  echo "GIT_REV='$GIT_REV' is not a commit hash: the JSON would record it as one" >&2
+  exit 2
+fi
 MODE=${1:-full}
 OUT=${OUT:-/tmp/device_out}
 mkdir -p "$OUT"
