@@ -172,7 +172,8 @@ TORCH_LIBRARY(fused, m) {
       "gemm_bn_softmax_backward_sums(Tensor grad_out, Tensor y, Tensor save_mean, Tensor save_invstd, "
       "Tensor row_lse, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, Tensor? row_dot=None) "
       "-> (Tensor sums, Tensor row_dot_out)");
-  // Debug query: the path gemm_bn_softmax takes for these operands ("cpu", "sm90", "generic").
+  // Debug query: the path gemm_bn_softmax takes for these operands ("cpu", "sm90", "generic",
+  // "recompute"); keep_y=False for a call no gradient can be asked of.
   m.def("dispatch_path(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None, "
         "bool keep_y=True) -> str");
 }
