@@ -2,9 +2,9 @@
 // does not keep y, the forward never writes y. Each pass recomputes its 128x128 tile of
 // y = x W^T + b from x and W (whole K in shared memory, tensor-core mma.sync, fp32 accumulation),
 // so no (M, N) fp32 buffer exists. Measured on the H200 (4096 x 8192, K = 64, bf16) it is slower
-// than the sm90 GEMM + softmax that write and read y (0.176 vs 0.136 ms): each pass is bound by
-// issuing instructions (IPC 2.1-2.6 of 4; the per-element epilogue work outweighs the K = 64
-// product), 45-63 us a pass against about 9 us of mma.sync work.
+// than the sm90 GEMM + softmax that write and read y (0.176 vs 0.136 ms): a pass takes 45-63 us
+// against about 9 us of mma.sync work, running about 1300 instructions per thread per tile (the
+// per-element epilogue work outweighs the K = 64 product) at 2.1-2.6 per cycle per SM (of 4).
 //   [R1] column partials of y (batch statistics), in the ColumnStatsPartials format ([2] finalize
 //        reads them as it reads the other paths')
 //   [R2] per row and column tile: the tile's max of the logits z and sum of exp(z - max)
