@@ -36,6 +36,13 @@ Status refuse(const ForwardProblem& p, const Refusal& r) {
 bool aligned16_or_fresh(const void* p) { return p == nullptr || util::aligned16(p); }
 int64_t stride_or_dense(int64_t ld, int64_t dense) { return ld == 0 ? dense : ld; }
 
+// x's and W's rows as 16-byte copies read them (TMA on sm90, cp.async on the recompute path): K and
+// both row strides multiples of 16 bytes.
+bool operand_rows_in_16_bytes(const ForwardProblem& p, const ForwardBuffers& b) {
+  const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
+  return p.K % per16 == 0 && stride_or_dense(b.ldx, p.K) % per16 == 0 && stride_or_dense(b.ldw, p.K) % per16 == 0;
+}
+
 // Rule 3 at choose_path(): the 128x128 ping-pong kernel covers underfilled grids, except 16-bit
 // inputs whose 128x128 grid is still under one wave with a long K loop (cuBLASLt splits K there).
 bool sm90_preferred(const ForwardProblem& p, int num_sms) {
@@ -82,8 +89,7 @@ Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
     return refuse(p, FUSED_SM90_REFUSAL("exact fp32 (precision 'highest') runs on the generic path"));
   if (p.M == 0 || p.N == 0 || p.K == 0) return refuse(p, FUSED_SM90_REFUSAL("empty problem"));
   // TMA: 16-byte aligned base addresses and row strides of x and W; y stored with N % 4 == 0.
-  const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
-  if (p.K % per16 != 0 || stride_or_dense(b.ldx, p.K) % per16 != 0 || stride_or_dense(b.ldw, p.K) % per16 != 0)
+  if (!operand_rows_in_16_bytes(p, b))
     return refuse(p, FUSED_SM90_REFUSAL("K and the row strides of x and W must be multiples of 16 bytes (TMA)"));
   if (p.N % 4 != 0 || stride_or_dense(b.ldy, p.N) % 4 != 0)
     return refuse(p, FUSED_SM90_REFUSAL("N and y's row stride must be multiples of 4 (TMA store of y)"));
@@ -119,9 +125,7 @@ Status recompute_can_implement(const ForwardProblem& p, const ForwardBuffers& b,
     FUSED_REFUSE_RECOMPUTE("it runs bf16, fp16 and tf32 only");
   if (p.M == 0 || p.N == 0 || p.K == 0) FUSED_REFUSE_RECOMPUTE("empty problem");
   if (p.K > recompute::max_k(p.dtype)) FUSED_REFUSE_RECOMPUTE("K must be at most 128 (bf16, fp16) or 64 (tf32)");
-  const int64_t per16 = 16 / static_cast<int64_t>(element_size(p.dtype));
-  if (p.K % per16 != 0 || stride_or_dense(b.ldx, p.K) % per16 != 0 || stride_or_dense(b.ldw, p.K) % per16 != 0 ||
-      !aligned16_or_fresh(b.x) || !aligned16_or_fresh(b.weight))
+  if (!operand_rows_in_16_bytes(p, b) || !aligned16_or_fresh(b.x) || !aligned16_or_fresh(b.weight))
     FUSED_REFUSE_RECOMPUTE("x and W must be 16-byte aligned, with K and their row strides multiples of 16 bytes");
   if (p.M > 0x7fffffff || p.N > 0x7fffffff || recompute::num_tiles(p.M, p.N) > recompute::kMaxTiles)
     FUSED_REFUSE_RECOMPUTE("M and N must fit in int32, in at most 2^31 - 1 tiles");
