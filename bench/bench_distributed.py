@@ -188,9 +188,10 @@ def measure_all(rank, a, device):
         record("collectives", "all_gather-moments",
                lambda: dist.all_gather_into_tensor(gathered, moments) if device.type == "cuda"
                else dist.all_gather(list(gathered.unbind()), moments))
-        # The same exchange as the op makes it (the process group's call, without torch.distributed's
-        # Python wrappers): an A/B in one process of what that saves.
-        record("collectives", "all_gather-moments-as-the-op", lambda: exchange_records(moments, dist.group.WORLD))
+        # The process group's own call, without torch.distributed's Python wrappers (what the
+        # column-parallel exchanges make; the data-parallel op makes its exchange in C++): an A/B in
+        # one process of what the wrappers cost.
+        record("collectives", "all_gather-moments-direct", lambda: exchange_records(moments, dist.group.WORLD))
         grads = torch.randn(n * k + 4 * n + 1, device=device, dtype=dtype)  # W, b, gamma, beta, scale
         record("collectives", "all_reduce-grads", lambda: dist.all_reduce(grads))
     if {"column-forward", "column-train-step"} & set(a.cases):

@@ -1,22 +1,26 @@
-"""Data-parallel training of the fused block with nn.SyncBatchNorm's semantics.
+"""Multi-GPU training of the fused block: data parallelism with nn.SyncBatchNorm's semantics, and
+column (vocab) parallelism.
 
-With data parallelism each rank holds part of the batch; nn.SyncBatchNorm normalises with the
-statistics of the whole (global) batch. The fused op does the same in two halves around one
-collective each way (``torch.distributed``, any backend: NCCL on GPUs, gloo on CPUs):
+Data parallelism: each rank holds part of the batch; nn.SyncBatchNorm normalises with the statistics
+of the whole (global) batch. The op does the same when given a process group
+(``gemm_bn_softmax(..., process_group=)``, ``FusedGemmBNSoftmax`` with an nn.SyncBatchNorm or a
+``process_group``): it passes the group's registered name (``group_name``) to
+``torch.ops.fused.gemm_bn_softmax``, which makes one collective each way itself, in C++
+(``torch.distributed``'s process group, any backend: NCCL on GPUs, gloo on CPUs):
 
-forward   ``gemm_column_moments``: y = x W^T + b and this rank's column moments
-          [count, mean (N), M2 (N)] (float64) from the GEMM's statistics epilogue
-          -> ``all_gather`` of the moments (2N + 1 doubles per rank)
-          -> ``bn_softmax_from_moments``: every rank merges the records in rank order (Chan's
-          formula), so all ranks get the same bits; running statistics move with the global count
-backward  ``gemm_bn_softmax_backward_sums``: this rank's column sums [count, S1 (N), S2 (N)]
-          -> ``all_gather`` of the sums, added in rank order
-          -> ``gemm_bn_softmax_backward`` with them: dy normalises over the global batch; the
-          parameter gradients are this rank's own, which the data-parallel wrapper (DDP) then
-          averages over ranks as it does every gradient — what nn.SyncBatchNorm + DDP produce.
+forward   y = x W^T + b and this rank's column moments [count, mean (N), M2 (N)] (float64) from the
+          GEMM's statistics epilogue -> ``all_gather`` of the moments (2N + 1 doubles per rank) ->
+          every rank merges the records in rank order (Chan's formula), so all ranks get the same
+          bits; running statistics move with the global count; BatchNorm and softmax
+backward  this rank's column sums [count, S1 (N), S2 (N)] -> ``all_gather`` of the sums, added in
+          rank order -> dy normalised over the global batch; the parameter gradients are this
+          rank's own, which the data-parallel wrapper (DDP) then averages over ranks as it does
+          every gradient: what nn.SyncBatchNorm + DDP produce.
 
-Uneven batches and ranks with no rows behave as in nn.SyncBatchNorm. Evaluation mode (running
-statistics) and a group of one rank need no exchange and run the single-device op.
+The steps are ops of their own (``gemm_column_moments``, ``bn_softmax_from_moments``,
+``gemm_bn_softmax_backward_sums`` and the backward's ``row_dot`` / ``local_sums`` / ``rank_sums``)
+for callers that make the exchange themselves. Uneven batches and ranks with no rows behave as in
+nn.SyncBatchNorm. Evaluation mode and a group of one rank make no exchange.
 
 Column parallelism (``column_parallel_gemm_bn_softmax``, ``ColumnParallelFusedGemmBNSoftmax``):
 W's rows (the out_features, e.g. a classifier over 100k+ classes) split over ranks, each rank
@@ -39,12 +43,10 @@ from . import _library  # noqa: F401  (registers torch.ops.fused)
 _ops = torch.ops.fused
 
 
-def needs_sync(process_group, training: bool) -> bool:
-    """nn.SyncBatchNorm's rule: statistics are exchanged when training in an initialised process
-    group of more than one rank."""
-    if not training or not dist.is_available() or not dist.is_initialized():
-        return False
-    return dist.get_world_size(process_group) > 1
+def group_name(process_group) -> Optional[str]:
+    """The name torch.distributed registered ``process_group`` under, which the op takes
+    (``group_name=``) to exchange statistics over it; None for None."""
+    return None if process_group is None else process_group.group_name
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,18 +62,17 @@ def _blocking_allgather_options():
 
 
 def exchange_records(record: torch.Tensor, group) -> torch.Tensor:
-    """(world_size, len(record)): every rank's record in rank order; the one collective each exchange
-    of this module makes. Gathered into one flat buffer (NCCL and gloo both do that) and viewed as
-    rows; torch.compile (2.11) refuses a 2-D buffer."""
+    """(world_size, len(record)): every rank's record in rank order (column parallelism's exchanges).
+    Gathered into one flat buffer (NCCL and gloo both do that) and viewed as rows; torch.compile
+    (2.11) refuses a 2-D buffer."""
     world = group.size()
     out = record.new_empty(world * record.numel())
     if torch.compiler.is_compiling():  # the call torch.compile knows how to trace
         dist.all_gather_into_tensor(out, record.contiguous(), group=group)
     else:
         # The process group's own call, which all_gather_into_tensor makes after its Python checks
-        # (about 60 us of host time per call on the H200 pair, where the loop is bound by the host).
-        # NCCL (asyncOp=False) runs it on the current stream and returns no Work; a backend that
-        # returns one (gloo) is waited on, which orders what follows after the collective.
+        # (about 60 us of host time per call on the H200 pair). NCCL (asyncOp=False) runs it on the
+        # current stream and returns no Work; a backend that returns one (gloo) is waited on.
         work = group._allgather_base(out, record.contiguous(), _blocking_allgather_options())
         if work is not None:
             work.wait()
@@ -101,7 +102,7 @@ def _autocast_dtypes(x: torch.Tensor, scale: torch.Tensor, compute_dtype, out_dt
 
 
 def _autocast_off(device_type: str):
-    """Autocast switched off for the Functions (which take their dtypes from _autocast_dtypes); a
+    """Autocast switched off for the Function (which takes its dtypes from _autocast_dtypes); a
     no-op context where it is off already: entering torch.autocast costs host time."""
     return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) \
         else contextlib.nullcontext()
@@ -115,7 +116,7 @@ def _linear_operands(x, weight, bias, linear: torch.dtype):
 
 def _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
                        group):
-    """What both Functions' backwards read: the op's saved outputs, x (compute dtype) only when the
+    """What the Function's backward reads: the op's saved outputs, x (compute dtype) only when the
     weight needs a gradient, the weight only when x does, the BN parameters and scale."""
     wants_w, wants_x = ctx.needs_input_grad[1], ctx.needs_input_grad[0]
     ctx.save_for_backward(y, mean, invstd, row_lse, xc if wants_w else None, wc if wants_x else None, bn_weight,
@@ -126,54 +127,11 @@ def _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, weight, bn_weight,
 
 
 def _grad_mask(ctx, bn_weight, bn_bias):
-    """The backward op's output_mask, from the Functions' argument order x, weight, bias, bn_weight,
+    """The backward op's output_mask, from the Function's argument order x, weight, bias, bn_weight,
     bn_bias, scale."""
     needs = ctx.needs_input_grad
     return [needs[0], needs[1], needs[2], bn_weight is not None and needs[3], bn_bias is not None and needs[4],
             needs[5]]
-
-
-class _SyncGemmBnSoftmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var, num_batches_tracked,
-                momentum, eps, precision, path, compute_dtype, out_dtype, group):
-        linear = compute_dtype or x.dtype
-        xc, wc, bc = _linear_operands(x, weight, bias, linear)
-        y, moments = _ops.gemm_column_moments(xc, wc, bc, precision, path, None)
-        rank_moments = exchange_records(moments, group)
-        out, mean, invstd, row_lse = _ops.bn_softmax_from_moments(
-            y, rank_moments, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, momentum,
-            eps, linear, out_dtype or linear)
-        _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
-                           group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        y, mean, invstd, row_lse, xc, wc, bn_weight, bn_bias, scale = ctx.saved_tensors
-        sums, row_dot = _ops.gemm_bn_softmax_backward_sums(grad_out, y, mean, invstd, row_lse, bn_weight, bn_bias,
-                                                          scale)
-        rank_sums = exchange_records(sums, ctx.group)
-        grads = _ops.gemm_bn_softmax_backward(grad_out, y, mean, invstd, row_lse, xc, wc, bn_weight, bn_bias, scale,
-                                              True, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision,
-                                              ctx.linear_grad_dtype, row_dot, sums, rank_sums)
-        return (*grads, *([None] * 10))
-
-
-def sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, scale: torch.Tensor,
-                         momentum, eps, num_batches_tracked, precision, path, compute_dtype, out_dtype,
-                         process_group) -> torch.Tensor:
-    """The training forward with statistics over every rank of ``process_group`` (see the module
-    docstring); the functional API's ``gemm_bn_softmax(..., process_group=)`` calls this."""
-    compute_dtype, out_dtype = _autocast_dtypes(x, scale, compute_dtype, out_dtype)
-    with _autocast_off(x.device.type):
-        out = _SyncGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var,
-                                       num_batches_tracked, momentum, eps, precision, path, compute_dtype,
-                                       out_dtype, process_group)
-    # The buffers were written in place: their version counters move, as for any in-place op.
-    torch.autograd.graph.increment_version([t for t in (running_mean, running_var, num_batches_tracked)
-                                            if t is not None])
-    return out
 
 
 # ---- column parallelism (W's rows split over ranks: Megatron's vocab-parallel layout) -----------------

@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 import torch
 
 from . import _library  # noqa: F401  (registers torch.ops.fused)
-from .distributed import needs_sync, sync_gemm_bn_softmax
+from .distributed import group_name
 
 _op = torch.ops.fused.gemm_bn_softmax.default
 
@@ -80,16 +80,14 @@ def gemm_bn_softmax(
         process_group: a ``torch.distributed`` process group (e.g. ``torch.distributed.group.WORLD``)
             to normalise over the whole data-parallel batch, as nn.SyncBatchNorm: in training, with
             more than one rank, the batch statistics are those of every rank's rows (one all_gather
-            in the forward and one in the backward; see gemm_bn_softmax.distributed). None: this
-            call's rows only.
+            in the forward and one in the backward, made by the op itself; see
+            gemm_bn_softmax.distributed). None: this call's rows only.
     """
     scale_t = _as_scale_tensor(scale, x)
-    if process_group is not None and needs_sync(process_group, training):
-        return sync_gemm_bn_softmax(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, scale_t, momentum,
-                                    eps, num_batches_tracked, precision, path, compute_dtype, out_dtype, process_group)
     # y is not returned, so the op need not keep it (it still does when a backward may read it).
     return _op(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-               scale_t, training, momentum, eps, precision, path, compute_dtype, out_dtype, False)[0]
+               scale_t, training, momentum, eps, precision, path, compute_dtype, out_dtype, False,
+               group_name(process_group))[0]
 
 
 def dispatch_path(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

@@ -26,12 +26,12 @@ ForwardOutputs gemm_bn_softmax_autocast(
     const OptTensor& bn_bias, const OptTensor& running_mean, const OptTensor& running_var,
     const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training, std::optional<double> momentum,
     double eps, const OptString& precision, const OptString& path, OptDtype compute_dtype, OptDtype out_dtype,
-    bool keep_y) {
+    bool keep_y, const OptString& group_name) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(kDevice));
   const at::ScalarType linear = compute_dtype.value_or(at::autocast::get_autocast_dtype(kDevice));
   const at::ScalarType out = out_dtype.value_or(eager_out_dtype(kDevice, linear, scale));
   return forward_op().call(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
-                           training, momentum, eps, precision, path, linear, out, keep_y);
+                           training, momentum, eps, precision, path, linear, out, keep_y, group_name);
 }
 
 }  // namespace

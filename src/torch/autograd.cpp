@@ -1,6 +1,10 @@
 // The Autograd kernel of fused::gemm_bn_softmax: makes the op itself differentiable (eager,
 // torch.compile, C++ callers), its backward being fused::gemm_bn_softmax_backward.
 //
+// With a process group (data_parallel.h) the backward op is given it, and exchanges the column sums
+// over it (inside the op: torch.compile's trace of this backward sees one opaque op, no collective
+// on a process-group object it could not copy).
+//
 // Why a C++ Autograd kernel and not torch.library.register_autograd: the forward mutates the
 // running statistics and num_batches_tracked, and register_autograd refuses ops that mutate their
 // arguments. A functional op would need extra kernels to write the statistics back; this kernel
@@ -18,6 +22,7 @@
 
 #include <algorithm>
 
+#include "data_parallel.h"
 #include "op_common.h"
 #include "op_schema.h"
 
@@ -40,8 +45,8 @@ void bump_mutated_versions(const OptTensor& running_mean, const OptTensor& runni
   if (training && defined(num_batches_tracked)) torch::autograd::impl::bump_version(*num_batches_tracked);
 }
 
-// The forward's arguments: 17, the first 9 tensors; the differentiable ones in GradIndex order.
-constexpr int kNumForwardArgs = 17;
+// The forward's arguments: 18, the first 9 tensors; the differentiable ones in GradIndex order.
+constexpr int kNumForwardArgs = 18;
 constexpr int kNumTensorArgs = 9;
 constexpr int kArgIndex[6] = {0 /*x*/, 1 /*weight*/, 2 /*bias*/, 3 /*bn_weight*/, 4 /*bn_bias*/, 8 /*scale*/};
 
@@ -53,7 +58,7 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
                                const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training,
                                std::optional<double> momentum, double eps, const OptString& precision,
                                const OptString& path, std::optional<at::ScalarType> compute_dtype,
-                               std::optional<at::ScalarType> out_dtype, bool keep_y) {
+                               std::optional<at::ScalarType> out_dtype, bool keep_y, const OptString& group_name) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     // With a compute dtype, round the Linear operands here rather than in the op, so the backward's
     // GEMMs reuse the copies. (Without one the op checks that the dtypes agree.)
@@ -64,7 +69,7 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     auto [out, mean, invstd, y, row_lse] =
         forward_op().call(xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
                           training, momentum, eps, precision, path, std::nullopt, out_dtype.value_or(linear),
-                          keep_y);
+                          keep_y, group_name);
     bump_mutated_versions(running_mean, running_var, num_batches_tracked, training);
     ctx->mark_non_differentiable({mean, invstd, y, row_lse});
     // No zero-filled gradients for those four (an (M, N) fill each step): the backward reads out's only.
@@ -95,6 +100,8 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     ctx->saved_data["wants"] = wants_bits;
     ctx->saved_data["edge"] = c10::List<int64_t>(edge);
     ctx->saved_data["batch_stats"] = batch_norm_uses_batch_stats(training, defined(running_mean));
+    // Data parallel: the backward's column sums are exchanged over the same group.
+    if (exchanges_statistics(training, group_name)) ctx->saved_data["group_name"] = *group_name;
     // The backward GEMMs run in the forward's precision, resolved now (a later flag change does not count).
     ctx->saved_data["precision"] = std::string(precision_name(resolve_precision(linear, precision)));
     // Gradients of x, weight and bias come back in the parameter's own dtype (fp32 master weights
@@ -115,10 +122,15 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     const variable_list saved = ctx->get_saved_variables();
     auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
     const OptString precision = ctx->saved_data["precision"].toStringRef();
+    const at::ScalarType linear_grad_dtype = ctx->saved_data["linear_grad_dtype"].toScalarType();
+    const bool batch_stats = ctx->saved_data["batch_stats"].toBool();
+    // Data parallel: the op exchanges the column sums over the forward's group.
+    const auto group = ctx->saved_data.find("group_name");
+    const OptString group_name =
+        group == ctx->saved_data.end() ? OptString() : OptString(group->second.toStringRef());
     auto result = backward_op().call(grad_out, saved[0], saved[1], saved[2], saved[3], opt(saved[4]), opt(saved[5]),
-                                     opt(saved[6]), opt(saved[7]), saved[8], ctx->saved_data["batch_stats"].toBool(),
-                                     mask, precision, ctx->saved_data["linear_grad_dtype"].toScalarType(),
-                                     std::nullopt, std::nullopt, std::nullopt);
+                                     opt(saved[6]), opt(saved[7]), saved[8], batch_stats, mask, precision,
+                                     linear_grad_dtype, std::nullopt, std::nullopt, std::nullopt, group_name);
     auto take = [&](int k, const OptTensor& g) { grads[kArgIndex[k]] = g.value_or(at::Tensor()); };
     take(kGradX, std::get<kGradX>(result));
     take(kGradWeight, std::get<kGradWeight>(result));
@@ -136,7 +148,8 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
                                  const at::Tensor& scale, bool training, std::optional<double> momentum, double eps,
                                  const OptString& precision, const OptString& path,
                                  std::optional<at::ScalarType> compute_dtype,
-                                 std::optional<at::ScalarType> out_dtype, bool keep_y) {
+                                 std::optional<at::ScalarType> out_dtype, bool keep_y,
+                                 const OptString& group_name) {
   // The backward reads y: keep it whenever this call can be differentiated.
   const bool differentiable =
       at::GradMode::is_enabled() &&
@@ -146,7 +159,7 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
   const variable_list outs = GemmBnSoftmaxFunction::apply(x, weight, bias, bn_weight, bn_bias, running_mean,
                                                           running_var, num_batches_tracked, scale, training, momentum,
                                                           eps, precision, path, compute_dtype, out_dtype,
-                                                          keep_y || differentiable);
+                                                          keep_y || differentiable, group_name);
   return {outs[0], outs[1], outs[2], outs[3], outs[4]};
 }
 

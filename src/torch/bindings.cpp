@@ -3,6 +3,7 @@
 // allocate_grads() (op_common.cpp). Autograd: autograd.cpp; autocast: autocast.cpp.
 #include <torch/library.h>
 
+#include "data_parallel.h"
 #include "op_common.h"
 #include "op_schema.h"
 
@@ -23,31 +24,48 @@ SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptT
 
 namespace {
 
-// Schema order -> OpArgs.
-template <Outputs (*Impl)(const OpArgs&)>
+// Schema order -> OpArgs, and the process group's name.
+template <Outputs (*Forward)(const OpArgs&, const OptString&)>
 Outputs entry(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, const OptTensor& bn_weight,
               const OptTensor& bn_bias, const OptTensor& running_mean, const OptTensor& running_var,
               const OptTensor& num_batches_tracked, const at::Tensor& scale, bool training,
               std::optional<double> momentum, double eps, const OptString& precision, const OptString& path,
-              OptDtype compute_dtype, OptDtype out_dtype, bool keep_y) {
-  return Impl(OpArgs{x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
-                     training, momentum, eps, precision, path, compute_dtype, out_dtype, keep_y});
+              OptDtype compute_dtype, OptDtype out_dtype, bool keep_y, const OptString& group_name) {
+  return Forward(OpArgs{x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
+                        training, momentum, eps, precision, path, compute_dtype, out_dtype, keep_y},
+                 group_name);
 }
 
-// Schema order -> BackwardArgs; absent gradients (undefined tensors) -> None.
-template <Grads (*Impl)(const BackwardArgs&)>
+// A device's forward: the data-parallel one when the group exchanges statistics (data_parallel.h).
+template <Outputs (*Impl)(const OpArgs&), MomentsKernel Moments, FromMomentsKernel FromMoments>
+Outputs device_forward(const OpArgs& a, const OptString& group_name) {
+  if (exchanges_statistics(a.training, group_name)) return data_parallel_forward(a, *group_name, Moments, FromMoments);
+  return Impl(a);
+}
+
+// Schema order -> BackwardArgs, and the process group's name; absent gradients (undefined tensors)
+// -> None.
+template <Grads (*Backward)(const BackwardArgs&, const OptString&)>
 OptGrads backward_entry(const at::Tensor& grad_out, const at::Tensor& y, const at::Tensor& save_mean,
                         const at::Tensor& save_invstd, const at::Tensor& row_lse, const OptTensor& x,
                         const OptTensor& weight, const OptTensor& bn_weight, const OptTensor& bn_bias,
                         const at::Tensor& scale, bool batch_stats, std::array<bool, 6> output_mask,
                         const OptString& precision, OptDtype linear_grad_dtype, const OptTensor& row_dot,
-                        const OptTensor& local_sums, const OptTensor& rank_sums) {
-  const Grads g = Impl(BackwardArgs{grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
-                                    scale, batch_stats, output_mask, precision, linear_grad_dtype, row_dot,
-                                    local_sums, rank_sums});
+                        const OptTensor& local_sums, const OptTensor& rank_sums, const OptString& group_name) {
+  const Grads g = Backward(BackwardArgs{grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
+                                        scale, batch_stats, output_mask, precision, linear_grad_dtype, row_dot,
+                                        local_sums, rank_sums},
+                           group_name);
   auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
   return {opt(std::get<0>(g)), opt(std::get<1>(g)), opt(std::get<2>(g)),
           opt(std::get<3>(g)), opt(std::get<4>(g)), opt(std::get<5>(g))};
+}
+
+// A device's backward: the data-parallel one when the group exchanges statistics (data_parallel.h).
+template <Grads (*Impl)(const BackwardArgs&), SumsKernel Sums>
+Grads device_backward(const BackwardArgs& a, const OptString& group_name) {
+  if (exchanges_statistics(a.batch_stats, group_name)) return data_parallel_backward(a, *group_name, Sums, Impl);
+  return Impl(a);
 }
 
 // ---- data parallel: schema order -> the kernels' argument structs ----
@@ -101,14 +119,16 @@ SumsOutputs gemm_bn_softmax_backward_sums_meta(const BackwardArgs& a, const OptT
   return allocate_sums_outputs(a);
 }
 
-// Shapes and errors only: torch.compile / FakeTensor trace through these.
-Outputs gemm_bn_softmax_meta(const OpArgs& a) {
+// Shapes and errors only: torch.compile / FakeTensor trace through these. With a group that
+// exchanges statistics the batch-of-one rule is the whole group's (nn.SyncBatchNorm): a rank may hold
+// one row, or none.
+Outputs gemm_bn_softmax_meta(const OpArgs& a, const OptString& group_name) {
   check_args(a);
-  check_batch_size(a);
+  if (!exchanges_statistics(a.training, group_name)) check_batch_size(a);
   return allocate_outputs(a);
 }
 
-Grads gemm_bn_softmax_backward_meta(const BackwardArgs& a) {
+Grads gemm_bn_softmax_backward_meta(const BackwardArgs& a, const OptString& /*group_name: same outputs*/) {
   check_backward_args(a);
   return allocate_grads(a);
 }
@@ -132,12 +152,15 @@ TORCH_LIBRARY(fused, m) {
   // save_invstd (N) fp32 (the statistics used, batch or running); y = x W^T + b (M, N) fp32, or an
   // empty tensor with keep_y=False (then y need not be written at all: the recompute path); row_lse
   // (M) fp32, each row's softmax log-normaliser. The last four are what the backward needs.
+  // group_name: a torch.distributed process group (Python: `group.group_name`); in training with
+  // more than one rank the batch statistics are those of every rank's rows, as nn.SyncBatchNorm's
+  // (data_parallel.h: one all_gather in the forward, one in the backward).
   // Differentiable (autograd.cpp); autocast-aware (autocast.cpp).
   m.def(
       "gemm_bn_softmax(Tensor x, Tensor weight, Tensor? bias, Tensor? bn_weight, Tensor? bn_bias, "
       "Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, Tensor scale, "
       "bool training, float? momentum, float eps, str? precision=None, str? path=None, "
-      "ScalarType? compute_dtype=None, ScalarType? out_dtype=None, bool keep_y=True) "
+      "ScalarType? compute_dtype=None, ScalarType? out_dtype=None, bool keep_y=True, str? group_name=None) "
       "-> (Tensor out, Tensor save_mean, Tensor save_invstd, Tensor y, Tensor row_lse)");
   // The backward, from the forward's outputs (it recomputes the softmax from y and row_lse): gradients
   // of x, weight, bias, bn_weight, bn_bias and scale, each computed only when output_mask asks for
@@ -145,15 +168,17 @@ TORCH_LIBRARY(fused, m) {
   // forward's GEMM operands (compute dtype); the gradients of x, weight and bias come in
   // linear_grad_dtype (default: the GEMM's dtype). batch_stats: the forward normalised with batch
   // statistics. precision: of fp32 GEMMs ('highest' exact, 'tf32'...), as the forward's.
+  // group_name: the forward's group, whose column sums it exchanges (data_parallel.h).
   m.def(
       "gemm_bn_softmax_backward(Tensor grad_out, Tensor y, Tensor save_mean, Tensor save_invstd, Tensor row_lse, "
       "Tensor? x, Tensor? weight, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, bool batch_stats, "
       "bool[6] output_mask, str? precision=None, ScalarType? linear_grad_dtype=None, Tensor? row_dot=None, "
-      "Tensor? local_sums=None, Tensor? rank_sums=None) "
+      "Tensor? local_sums=None, Tensor? rank_sums=None, str? group_name=None) "
       "-> (Tensor? grad_x, Tensor? grad_weight, Tensor? grad_bias, Tensor? grad_bn_weight, Tensor? grad_bn_bias, "
       "Tensor? grad_scale)");
-  // Data parallelism (nn.SyncBatchNorm's semantics) splits both ops at the exchange of statistics,
-  // which the caller makes (gemm_bn_softmax.distributed: one all_gather each way):
+  // The data-parallel steps (nn.SyncBatchNorm's semantics), split at the exchange of statistics; the
+  // ops with a group_name run them around their collective (data_parallel.h), and callers that make
+  // the exchange themselves can too:
   //   forward:  gemm_column_moments -> all_gather(moments) -> bn_softmax_from_moments
   //   backward: gemm_bn_softmax_backward_sums -> all_gather(sums) -> gemm_bn_softmax_backward(...,
   //             row_dot, local_sums=sums, rank_sums)
@@ -180,8 +205,10 @@ TORCH_LIBRARY(fused, m) {
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
   using namespace fused::torch_op;
-  m.impl("gemm_bn_softmax", &entry<gemm_bn_softmax_cpu>);
-  m.impl("gemm_bn_softmax_backward", &backward_entry<gemm_bn_softmax_backward_cpu>);
+  m.impl("gemm_bn_softmax",
+         &entry<device_forward<gemm_bn_softmax_cpu, gemm_column_moments_cpu, bn_softmax_from_moments_cpu>>);
+  m.impl("gemm_bn_softmax_backward",
+         &backward_entry<device_backward<gemm_bn_softmax_backward_cpu, gemm_bn_softmax_backward_sums_cpu>>);
   m.impl("dispatch_path", &path_entry<select_cpu_path>);
   m.impl("gemm_column_moments", &moments_entry<gemm_column_moments_cpu>);
   m.impl("bn_softmax_from_moments", &from_moments_entry<bn_softmax_from_moments_cpu>);
@@ -200,8 +227,10 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
 #if defined(FUSED_TORCH_CUDA)
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   using namespace fused::torch_op;
-  m.impl("gemm_bn_softmax", &entry<gemm_bn_softmax_cuda>);
-  m.impl("gemm_bn_softmax_backward", &backward_entry<gemm_bn_softmax_backward_cuda>);
+  m.impl("gemm_bn_softmax",
+         &entry<device_forward<gemm_bn_softmax_cuda, gemm_column_moments_cuda, bn_softmax_from_moments_cuda>>);
+  m.impl("gemm_bn_softmax_backward",
+         &backward_entry<device_backward<gemm_bn_softmax_backward_cuda, gemm_bn_softmax_backward_sums_cuda>>);
   m.impl("dispatch_path", &path_entry<select_cuda_path>);
   m.impl("gemm_column_moments", &moments_entry<gemm_column_moments_cuda>);
   m.impl("bn_softmax_from_moments", &from_moments_entry<bn_softmax_from_moments_cuda>);

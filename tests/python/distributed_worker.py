@@ -9,6 +9,7 @@ import copy
 import gc
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -142,6 +143,22 @@ def check_functional(sizes, rank, device):
     assert out_ac.dtype == whole.dtype, (out_ac.dtype, whole.dtype)
     if sizes[rank]:
         assert rel_err(out_ac, my_rows(whole, sizes, rank)) <= 1e-2
+
+    # the op itself with the group's name: the same bits as through the functional API; its backward
+    # op makes the exchange, so it refuses sums given with a group (on every rank, before any collective)
+    name = dist.group.WORLD.group_name
+    xd, wd, bd = xl.detach(), w.to(device), b.to(device)
+    scale = torch.full((), 1.7, device=device)
+    out_f = gbs.gemm_bn_softmax(xd, wd, bd, None, None, None, None, scale, process_group=dist.group.WORLD)
+    out_op, mean, invstd, y, lse = torch.ops.fused.gemm_bn_softmax(xd, wd, bd, None, None, None, None, None, scale,
+                                                                   True, 0.1, 1e-5, group_name=name)
+    assert torch.equal(out_op, out_f)
+    same_on_every_rank(mean, "mean")
+    sums = torch.zeros(2 * N + 1, dtype=torch.float64, device=device)
+    with pytest.raises(RuntimeError, match="row_dot, local_sums and rank_sums must be None"):
+        torch.ops.fused.gemm_bn_softmax_backward(torch.ones_like(out_op), y, mean, invstd, lse, xd, wd, None, None,
+                                                 scale, True, [True] * 3 + [False] * 3, None, None,
+                                                 torch.zeros_like(lse), sums, sums[None], group_name=name)
 
     # eval: the running statistics, no exchange (a rank may call it alone)
     out_eval = gbs.gemm_bn_softmax(xl.detach(), w.to(device), b.to(device), None, None, rm, rv, 1.7,

@@ -260,7 +260,7 @@ def test_distributed_benchmark_smoke_run_on_cpu_processes(tmp_path):
                    ("sync-train-step", "fused-1gpu"), ("column-forward", "fused"), ("column-forward", "fused-1gpu"),
                    ("column-train-step", "fused"), ("column-train-step", "fused-1gpu"),
                    ("sync-train-step-local-grads", "fused"), ("collectives", "all_gather-moments"),
-                   ("collectives", "all_gather-moments-as-the-op"), ("collectives", "all_reduce-grads")}
+                   ("collectives", "all_gather-moments-direct"), ("collectives", "all_reduce-grads")}
     assert all(r["world_size"] == 2 and r["ms"] > 0 for r in data["records"])
 
 

@@ -144,8 +144,23 @@ def test_bad_records_are_refused(device):
         ops.gemm_bn_softmax_backward(*base, True, mask, None, None, row_dot[:-1], sums, sums[None])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_unknown_group_name_is_refused(device):
+    """The op resolves group_name through torch.distributed's registry: a name no group was
+    registered under raises, naming it (in training, where the statistics would be exchanged)."""
+    t = make_block(device)
+    x = torch.rand(6, K, device=device)
+    args = (x, t["weight"], t["bias"], t["bn_weight"], t["bn_bias"], t["rm"].clone(), t["rv"].clone(), None,
+            t["scale"])
+    with pytest.raises(RuntimeError, match="no-such-group"):
+        ops.gemm_bn_softmax(*args, True, 0.1, 1e-5, group_name="no-such-group")
+    # evaluation mode never exchanges statistics: the name is not looked up
+    out = ops.gemm_bn_softmax(*args, False, 0.1, 1e-5, group_name="no-such-group")[0]
+    assert torch.equal(out, ops.gemm_bn_softmax(*args, False, 0.1, 1e-5)[0])
+
+
 def test_backward_gemms_keep_the_forwards_precision():
-    """The data-parallel Functions fix the backward GEMMs' precision at the forward, as the op does:
+    """The column-parallel Function fixes the backward GEMMs' precision at the forward, as the op does:
     "3xtf32" stays 3xTF32 (a tf32 backward would be silently less accurate)."""
     from gemm_bn_softmax.distributed import _resolved_precision
 
