@@ -23,7 +23,7 @@ between, so launch overheads hide behind the kernels as they do in a loop):
                     dtype, what DDP reduces in each step)
 Every record carries "world_size", and "host_ms": the host time to issue one call onto an idle GPU.
 Writes bench/results/<gpu>-x<world>-<date>-distributed.json.
---profile prints rank 0's kernels (torch.profiler) for one fused forward and one fused step.
+--profile prints rank 0's kernels and host time per op (torch.profiler) for a fused forward and step.
 
     python bench/bench_distributed.py                      # all GPUs of the machine, headline sizes
     python bench/bench_distributed.py --device cpu --world 2 --size 64x96x80 --iters 3   # smoke run
@@ -224,9 +224,13 @@ def profile(what, fn, device, rank, steps=3):
             torch.cuda.synchronize()
     if rank != 0:
         return
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(f"--- profile: {what}, {steps} calls (rank 0) ---\n"
-          + prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=70), flush=True)
+    table = prof.key_averages().table
+    if device.type == "cuda":
+        print(f"--- profile: {what}, {steps} calls (rank 0), by GPU time ---\n"
+              + table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
+    # Where the host time goes (the loop is bound by it when host_ms is not well below ms).
+    print(f"--- profile: {what}, {steps} calls (rank 0), by host time of each op itself ---\n"
+          + table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70), flush=True)
 
 
 def write_result(a, device, records, out_path):

@@ -9,7 +9,8 @@
 #     bench:    build, then bench_forward.py with $BENCH_ARGS (default: everything, with a
 #               time budget of 7 minutes; continue with --resume <json>).
 #     distributed: (a machine with 2+ GPUs) build, the data-parallel gtests, test_distributed.py
-#               (NCCL included), then bench_distributed.py with $BENCH_ARGS (BENCH_ARGS=none skips it).
+#               (NCCL included) and the pytest files in $PYTEST_FILES, then bench_distributed.py with
+#               $BENCH_ARGS (BENCH_ARGS=none skips it).
 # CMAKE_ARGS: extra configure arguments, e.g. -DFUSED_BUILD_GEMM_SWEEP=ON.
 # GIT_REV: the commit the benchmark JSON records (its "git" field). Give it in the command, e.g.
 # GIT_REV=d940439: the GPU machine's copy of the repository may hold an older .git than the tree it
@@ -93,10 +94,16 @@ if [ "$MODE" = "distributed" ]; then
     "build-device/$bin" --gtest_brief=1 --gtest_filter="$filter" >>"$OUT/ctest.log" 2>&1 || status=1
     echo "$bin ($filter): $(grep -E "PASSED|FAILED" "$OUT/ctest.log" | tail -1)"
   done
-  step "pytest (distributed)"
-  PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider \
-    tests/python/test_distributed.py >"$OUT/pytest.log" 2>&1 || status=1
-  grep -E "passed|failed|^FAILED" "$OUT/pytest.log" | tail -8
+  step "pytest (distributed, then \$PYTEST_FILES)"
+  for f in tests/python/test_distributed.py ${PYTEST_FILES:-}; do
+    PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider \
+      "$f" >"$OUT/pytest-one.log" 2>&1
+    rc=$?
+    cat "$OUT/pytest-one.log" >>"$OUT/pytest.log"
+    echo "$f rc=$rc: $(grep -E 'passed|failed|error' "$OUT/pytest-one.log" | tail -1)"
+    [ $rc -eq 0 ] || { status=1; grep -E "^E  |^FAILED|Fatal Python" "$OUT/pytest-one.log" | head -16; }
+  done
+  rm -f "$OUT/pytest-one.log"
   if [ "${BENCH_ARGS:-}" != "none" ]; then
     step "bench (distributed)"
     PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_distributed.py ${BENCH_ARGS:-} --out "$OUT/bench.json" \
