@@ -111,6 +111,26 @@ def check_fused_under_ddp(sizes, rank, device, make):
         same_on_every_rank(p.grad, f"{name}.grad")  # DDP's average
 
 
+def check_run_to_run(sizes, rank, device):
+    """Two training steps of the same data-parallel module on the same data, from the same state:
+    the same bits (output, dx, DDP-averaged gradients, running statistics), on every rank."""
+    ref_model = randomized(ReferenceModel(K, N))
+    x, g = global_batch(sizes, seed=7)
+    runs = []
+    for _ in range(2):
+        fused = gbs.FusedGemmBNSoftmax(K, N, process_group=dist.group.WORLD).to(device)
+        fused.load_state_dict(ref_model.state_dict())
+        ddp = DDP(fused, device_ids=[device.index] if device.type == "cuda" else None)
+        xl = my_rows(x, sizes, rank).to(device).requires_grad_()
+        out = ddp(xl)
+        (out * my_rows(g, sizes, rank).to(device)).sum().backward()
+        runs.append([out.detach(), xl.grad, *(p.grad for p in fused.parameters()), fused.bn.running_mean,
+                     fused.bn.running_var])
+        del ddp
+    for i, (first, second) in enumerate(zip(*runs)):
+        assert torch.equal(first, second), f"tensor {i} differs between two identical runs"
+
+
 def check_functional(sizes, rank, device):
     """gemm_bn_softmax(..., process_group=WORLD): momentum=None, no affine, scalar float scale."""
     x, g = global_batch(sizes, seed=2)
@@ -354,6 +374,7 @@ def run(rank, sizes, port, backend, device_type):
     dist.init_process_group(backend, rank=rank, world_size=len(sizes))
     try:
         check_module_under_ddp(sizes, rank, device)
+        check_run_to_run(sizes, rank, device)
         check_functional(sizes, rank, device)
         check_conversions(sizes, rank, device)
         if len(sizes) == 2:  # compiling costs seconds per process: one world size is enough
