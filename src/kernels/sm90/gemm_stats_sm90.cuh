@@ -245,12 +245,26 @@ Status run_kernel(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, 
   if (Gemm::get_workspace_size(args) > 0 && workspace == nullptr)
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: workspace required (gemm_workspace_bytes)"};
 
-  Gemm gemm;
-  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
-    return {StatusCode::kCudaError, "sm90 gemm_stats: CUTLASS initialize failed"};
+  // What Gemm::initialize() does, except that the kernel's shared-memory size is set once per device:
+  // initialize() sets it on every call, a driver call of a few microseconds on the op's host path.
+  using GemmKernel = typename Gemm::GemmKernel;
+  if (GemmKernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess)
+    return {StatusCode::kCudaError, "sm90 gemm_stats: CUTLASS workspace initialisation failed"};
+  const int smem_set = cuda::util::detail::cached_per_device(args.hw_info.device_id, [](int) {
+    constexpr int kSmemBytes = GemmKernel::SharedStorageSize;
+    if (kSmemBytes >= (48 << 10) && cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         kSmemBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return 1;
+  });
+  if (smem_set <= 0) return {StatusCode::kCudaError, "sm90 gemm_stats: cudaFuncSetAttribute(shared memory) failed"};
+  typename Gemm::Params params = GemmKernel::to_underlying_arguments(args, workspace);
   // A programmatic dependent launch (the kernel is built with CUTLASS_ENABLE_GDC_FOR_SM90: its
   // loads wait for the previous kernel, and its last tiles let finalize launch early).
-  if (gemm.run(stream, nullptr, cuda::util::current_device_has_pdl()) != cutlass::Status::kSuccess)
+  if (Gemm::run(params, stream, nullptr, cuda::util::current_device_has_pdl()) != cutlass::Status::kSuccess)
     return {StatusCode::kCudaError, "sm90 gemm_stats: kernel launch failed"};
   return Status::Ok();
 }
