@@ -8,6 +8,7 @@
 #     sanitize: compute-sanitizer (memcheck/racecheck/synccheck/initcheck) over every kernel.
 #     bench:    build, then bench_forward.py with $BENCH_ARGS (default: everything, with a
 #               time budget of 7 minutes; continue with --resume <json>).
+#     build:    setup, build and the SASS check only.
 #     distributed: (a machine with 2+ GPUs) build, the data-parallel gtests, test_distributed.py
 #               (NCCL included) and the pytest files in $PYTEST_FILES, then bench_distributed.py with
 #               $BENCH_ARGS (BENCH_ARGS=none skips it).
@@ -55,6 +56,11 @@ if command -v cuobjdump >/dev/null; then
   ldl=$(cuobjdump --dump-sass build-device/libfused_sm90.a 2>/dev/null | grep -cE "\bLDL|\bSTL" || true)
   echo "HGMMA instructions in libfused_sm90.a: $n; local-memory LDL/STL: $ldl" | tee -a "$OUT/env.log"
   [ "$n" -gt 0 ] || { echo "NO HGMMA in the sm90 library"; status=1; }
+fi
+
+if [ "$MODE" = "build" ]; then  # the build alone, for a command that runs its own steps next
+  echo "device_check status: $status"
+  exit $status
 fi
 
 if [ "$MODE" = "sanitize" ]; then
