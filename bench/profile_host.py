@@ -61,6 +61,22 @@ def parts(model, x, g, opt):
     ]
 
 
+def backward_op_ms(model, x, g):
+    """The host time of torch.ops.fused.gemm_bn_softmax_backward alone (no autograd engine), with
+    every gradient asked for: what the Autograd kernel's backward calls."""
+    ops = torch.ops.fused
+    lin, bn = model.gemm, model.bn
+    with torch.no_grad():
+        out, mean, invstd, y, lse = ops.gemm_bn_softmax(x, lin.weight, lin.bias, bn.weight, bn.bias, None, None, None,
+                                                        model.scale, True, 0.1, bn.eps)
+    def backward(_):
+        with torch.no_grad():  # as in the autograd engine's backward pass
+            ops.gemm_bn_softmax_backward(g, y, mean, invstd, lse, x, lin.weight, bn.weight, bn.bias, model.scale, True,
+                                         [True] * 6)
+
+    return issue_ms(backward)
+
+
 def step(model, x, g, opt):
     model.zero_grad(set_to_none=True)
     (model(x) * g).sum().backward()
@@ -87,6 +103,7 @@ def main(argv=None):
         for part_name, part, setup in parts(model, x, g, opt):
             print(f"  {name:6s} {part_name:22s} {issue_ms(part, setup):.4f}", flush=True)
         if name == "fused":
+            print(f"  {name:6s} {'backward op alone':22s} {backward_op_ms(model, x, g):.4f}", flush=True)
             from torch.profiler import ProfilerActivity, profile
 
             torch.cuda.synchronize()
