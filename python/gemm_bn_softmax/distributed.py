@@ -39,14 +39,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import _library  # noqa: F401  (registers torch.ops.fused)
+from .functional import _as_scale_tensor
+from .module import bn_buffers
 
 _ops = torch.ops.fused
-
-
-def group_name(process_group) -> Optional[str]:
-    """The name torch.distributed registered ``process_group`` under, which the op takes
-    (``group_name=``) to exchange statistics over it; None for None."""
-    return None if process_group is None else process_group.group_name
 
 
 @functools.lru_cache(maxsize=None)
@@ -195,8 +191,6 @@ def column_parallel_gemm_bn_softmax(x, weight, bias=None, bn_weight=None, bn_bia
     rank's (N_r, K) block, ``bias``, the BatchNorm vectors and a per-column ``scale`` its N_r
     entries; a scalar scale is shared by all ranks. ``x`` is the same on every rank. The result is
     the unsharded block's output columns of this rank; gradients likewise (x's summed over ranks)."""
-    from .functional import _as_scale_tensor
-
     scale_t = _as_scale_tensor(scale, x)
     compute_dtype, out_dtype = _autocast_dtypes(x, scale_t, compute_dtype, out_dtype)
     with _autocast_off(x.device.type):
@@ -261,8 +255,6 @@ class ColumnParallelFusedGemmBNSoftmax(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .module import bn_buffers  # (module imports this file)
-
         bn, training = self.bn, self.training
         running_mean, running_var, num_batches_tracked = bn_buffers(bn, training)
         return column_parallel_gemm_bn_softmax(

@@ -11,7 +11,6 @@ from typing import Any, Optional, Union
 import torch
 
 from . import _library  # noqa: F401  (registers torch.ops.fused)
-from .distributed import group_name
 
 _op = torch.ops.fused.gemm_bn_softmax.default
 
@@ -26,6 +25,12 @@ def _as_scale_tensor(scale: ScaleLike, like: torch.Tensor) -> torch.Tensor:
     # A 0-dim tensor promotes like the Python number it stands for (CPU autocast keeps bf16 for
     # `2.0 * bf16`). torch.full is a device fill: no host-to-device copy, safe under CUDA graph capture.
     return torch.full((), float(scale), dtype=torch.float32, device=like.device)
+
+
+def _group_name(process_group) -> Optional[str]:
+    """The name torch.distributed registered ``process_group`` under, which the op takes
+    (``group_name=``) to exchange statistics over it; None for None."""
+    return None if process_group is None else process_group.group_name
 
 
 def gemm_bn_softmax(
@@ -87,7 +92,7 @@ def gemm_bn_softmax(
     # y is not returned, so the op need not keep it (it still does when a backward may read it).
     return _op(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
                scale_t, training, momentum, eps, precision, path, compute_dtype, out_dtype, False,
-               group_name(process_group))[0]
+               _group_name(process_group))[0]
 
 
 def dispatch_path(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

@@ -55,3 +55,21 @@ def make_models(k, n, dtype, device, momentum=0.1, scale_shape=(1,), seed=0, ran
     ref, fused = ref.to(device=device, dtype=dtype), fused.to(device=device, dtype=dtype)
     ref64 = copy.deepcopy(ref).double()
     return ref, ref64, fused
+
+
+def op_args(device, m=12, n=10, k=16, dtype=torch.float32, training=True, momentum=0.1, scale_n=False, bias=True,
+            affine=True, requires_grad=False, weight_scale=1.0):
+    """Fresh random positional arguments of torch.ops.fused.gemm_bn_softmax up to eps: x, weight,
+    bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, training,
+    momentum, eps. requires_grad marks the differentiable ones (x, weight, bias, bn_weight, bn_bias,
+    scale)."""
+    f = dict(device=device)
+
+    def param(t):
+        return t.requires_grad_(requires_grad)
+
+    return (param(torch.rand(m, k, dtype=dtype, **f)), param(torch.randn(n, k, dtype=dtype, **f) * weight_scale),
+            param(torch.randn(n, dtype=dtype, **f)) if bias else None,
+            param(torch.rand(n, **f) + 0.5) if affine else None, param(torch.randn(n, **f)) if affine else None,
+            torch.randn(n, **f), torch.rand(n, **f) + 0.5, torch.zeros((), dtype=torch.long, **f),
+            param(torch.rand(n if scale_n else 1, **f) + 0.5), training, momentum, 1e-5)

@@ -3,26 +3,11 @@ import pytest
 import torch
 
 from conftest import DEVICES, IS_HOPPER
-from helpers import assert_cancelled_bias_grad, make_models, rel_err
+from helpers import assert_cancelled_bias_grad, make_models, op_args, rel_err
 
 import gemm_bn_softmax as gbs
 
 op = torch.ops.fused.gemm_bn_softmax.default
-
-
-def _sample(device, dtype=torch.float32, training=True, momentum=0.1, scale_n=False, bias=True, affine=True,
-            requires_grad=False, n=10):
-    m, k = 12, 16
-    f = dict(device=device)
-
-    def param(t):  # the differentiable arguments: x, weight, bias, bn_weight, bn_bias, scale
-        return t.requires_grad_(requires_grad)
-
-    return (param(torch.rand(m, k, dtype=dtype, **f)), param(torch.randn(n, k, dtype=dtype, **f)),
-            param(torch.randn(n, dtype=dtype, **f)) if bias else None,
-            param(torch.rand(n, **f) + 0.5) if affine else None, param(torch.randn(n, **f)) if affine else None,
-            torch.randn(n, **f), torch.rand(n, **f) + 0.5, torch.zeros((), dtype=torch.long, **f),
-            param(torch.rand(n if scale_n else 1, **f) + 0.5), training, momentum, 1e-5)
 
 
 VARIANTS = {"train": {}, "eval": {"training": False}, "momentum_none": {"momentum": None},
@@ -36,7 +21,7 @@ VARIANTS = {"train": {}, "eval": {"training": False}, "momentum_none": {"momentu
 def test_opcheck(device, dtype, variant, requires_grad):
     """Schema, fake kernel, autograd registration and AOT dispatch; with requires_grad samples the
     op's Autograd kernel and its backward op are exercised too."""
-    torch.library.opcheck(op, _sample(device, dtype, requires_grad=requires_grad, **VARIANTS[variant]))
+    torch.library.opcheck(op, op_args(device, dtype=dtype, requires_grad=requires_grad, **VARIANTS[variant]))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -46,14 +31,14 @@ def test_opcheck_3xtf32(device, requires_grad):
     backward GEMMs), N = 12 so that the sm90 path takes it."""
     if device == "cuda" and not IS_HOPPER:
         pytest.skip("3xtf32 runs on Hopper's sm90 kernels only")
-    torch.library.opcheck(op, (*_sample(device, requires_grad=requires_grad, n=12), "3xtf32"))
+    torch.library.opcheck(op, (*op_args(device, requires_grad=requires_grad, n=12), "3xtf32"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("variant", ["train", "eval", "per_column_scale", "no_bias_no_affine"])
 def test_opcheck_backward_op(device, dtype, variant):
-    x, w, b, gamma, beta, rm, rv, nbt, scale, training, momentum, eps = _sample(device, dtype, **VARIANTS[variant])
+    x, w, b, gamma, beta, rm, rv, nbt, scale, training, momentum, eps = op_args(device, dtype=dtype, **VARIANTS[variant])
     out, mean, invstd, y, lse = op(x, w, b, gamma, beta, rm, rv, nbt, scale, training, momentum, eps)
     affine = gamma is not None
     mask = [True, True, b is not None, affine, affine, True]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import DEVICES, requires_cuda
-from helpers import STAT_TOL, TOL, make_models, rel_err
+from helpers import STAT_TOL, TOL, make_models, op_args, rel_err
 
 import gemm_bn_softmax as gbs
 
@@ -14,15 +14,8 @@ op = torch.ops.fused.gemm_bn_softmax.default
 
 
 def _args(device, m=40, n=24, k=16, dtype=torch.float32, requires_grad=False, training=True):
-    f = dict(device=device)
-
-    def param(t):
-        return t.requires_grad_(requires_grad)
-
-    return (param(torch.rand(m, k, dtype=dtype, **f)), param(torch.randn(n, k, dtype=dtype, **f) / k ** 0.5),
-            param(torch.randn(n, dtype=dtype, **f)), param(torch.rand(n, **f) + 0.5), param(torch.randn(n, **f)),
-            torch.randn(n, **f), torch.rand(n, **f) + 0.5, torch.zeros((), dtype=torch.long, **f),
-            param(torch.rand(1, **f) + 0.5), training, 0.1, 1e-5)
+    return op_args(device, m=m, n=n, k=k, dtype=dtype, training=training, requires_grad=requires_grad,
+                   weight_scale=k ** -0.5)
 
 
 def _clone(args):
