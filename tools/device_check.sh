@@ -30,6 +30,20 @@ mkdir -p "$OUT"
 PY=$(command -v python3)
 status=0
 step() { echo; echo "=== $* ==="; }
+# pytest, one process per file (a crash in one file does not hide the others' results), appended to
+# $OUT/pytest.log; a summary line per file, the failures' lines when one fails.
+run_pytest_files() {
+  local f rc
+  for f in "$@"; do
+    PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider "$f" \
+      >"$OUT/pytest-one.log" 2>&1
+    rc=$?
+    cat "$OUT/pytest-one.log" >>"$OUT/pytest.log"
+    echo "$f rc=$rc: $(grep -E 'passed|failed|error' "$OUT/pytest-one.log" | tail -1)"
+    [ $rc -eq 0 ] || { status=1; grep -E "^E  |^FAILED|Fatal Python|line [0-9]+ in " "$OUT/pytest-one.log" | head -16; }
+  done
+  rm -f "$OUT/pytest-one.log"
+}
 
 step "device"
 # Kept to 8 files in $OUT: env.log build.log ctest.log pytest.log bench.log bench.json extra.log ncu.tgz
@@ -80,12 +94,7 @@ if [ "$MODE" = "sanitize" ]; then
     done
   done
   rm -f "$OUT/sanitizer-one.log"
-  for f in ${PYTEST_FILES:-}; do
-    PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -m pytest -q -rfs --tb=short -p no:cacheprovider "$f" >>"$OUT/pytest.log" 2>&1 \
-      || status=1
-    echo "$f: $(grep -E 'passed|failed|error' "$OUT/pytest.log" | tail -1)"
-  done
-  [ -f "$OUT/pytest.log" ] && grep -E "^E  |^FAILED" "$OUT/pytest.log" | head -20
+  run_pytest_files ${PYTEST_FILES:-}
   echo "device_check status: $status"
   exit $status
 fi
@@ -101,15 +110,7 @@ if [ "$MODE" = "distributed" ]; then
     echo "$bin ($filter): $(grep -E "PASSED|FAILED" "$OUT/ctest.log" | tail -1)"
   done
   step "pytest (distributed, then \$PYTEST_FILES)"
-  for f in tests/python/test_distributed.py ${PYTEST_FILES:-}; do
-    PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider \
-      "$f" >"$OUT/pytest-one.log" 2>&1
-    rc=$?
-    cat "$OUT/pytest-one.log" >>"$OUT/pytest.log"
-    echo "$f rc=$rc: $(grep -E 'passed|failed|error' "$OUT/pytest-one.log" | tail -1)"
-    [ $rc -eq 0 ] || { status=1; grep -E "^E  |^FAILED|Fatal Python" "$OUT/pytest-one.log" | head -16; }
-  done
-  rm -f "$OUT/pytest-one.log"
+  run_pytest_files tests/python/test_distributed.py ${PYTEST_FILES:-}
   if [ "${BENCH_ARGS:-}" != "none" ]; then
     step "bench (distributed)"
     PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" bench/bench_distributed.py ${BENCH_ARGS:-} --out "$OUT/bench.json" \
@@ -145,17 +146,8 @@ if [ $rc -ne 0 ] && command -v cuda-gdb >/dev/null; then
 fi
 
 step "pytest"
-# one process per file: a crash in one file does not hide the others' results
 : >"$OUT/pytest.log"
-for f in ${PYTEST_FILES:-tests/python/test_*.py}; do
-  PYTHONPATH="$PWD/python:$PYTHONPATH" "$PY" -X faulthandler -m pytest -q -rfs --tb=short -p no:cacheprovider "$f" \
-    >"$OUT/pytest-one.log" 2>&1
-  rc=$?
-  cat "$OUT/pytest-one.log" >>"$OUT/pytest.log"
-  echo "$f rc=$rc: $(grep -E 'passed|failed|error' "$OUT/pytest-one.log" | tail -1)"
-  [ $rc -eq 0 ] || { status=1; grep -E "^E  |^FAILED|Fatal Python|line [0-9]+ in " "$OUT/pytest-one.log" | head -16; }
-done
-rm -f "$OUT/pytest-one.log"
+run_pytest_files ${PYTEST_FILES:-tests/python/test_*.py}
 
 BENCH_ARGS=${BENCH_ARGS:---quick --no-compile --cases headline eval --profile}
 if [ "$BENCH_ARGS" != "none" ]; then
