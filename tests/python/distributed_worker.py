@@ -180,6 +180,15 @@ def check_functional(sizes, rank, device):
                                                  scale, True, [True] * 3 + [False] * 3, None, None,
                                                  torch.zeros_like(lse), sums, sums[None], group_name=name)
 
+    # the schema, the fake kernel and the mutations of the op with a group (every rank runs the same
+    # sequence of calls, so the collectives inside pair up), requires_grad samples included; on the
+    # CPU processes (the GPU runs check the op with a group through DDP, torch.compile and CUDA graphs)
+    if device.type == "cpu":
+        rm_c, rv_c, nbt_c = torch.zeros(N), torch.ones(N), torch.zeros((), dtype=torch.long)
+        sample = (xd.clone().requires_grad_(), wd.clone().requires_grad_(), bd.clone().requires_grad_(), None, None,
+                  rm_c, rv_c, nbt_c, scale.clone().requires_grad_(), True, 0.1, 1e-5)
+        torch.library.opcheck(torch.ops.fused.gemm_bn_softmax.default, sample, {"group_name": name})
+
     # eval: the running statistics, no exchange (a rank may call it alone)
     out_eval = gbs.gemm_bn_softmax(xl.detach(), w.to(device), b.to(device), None, None, rm, rv, 1.7,
                                    training=False, process_group=dist.group.WORLD)
