@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import assert_cancelled_bias_grad, rel_err
+from helpers import TOL, assert_cancelled_bias_grad, rel_err
 
 import gemm_bn_softmax as gbs
 from gemm_bn_softmax import ConversionWarning
@@ -552,9 +552,11 @@ def test_compile_leaves_other_models_unchanged(compile_fusion, model, x_shape):
     x = torch.rand(x_shape)
     out, code = compiled_code(lambda: torch.compile(model, fullgraph=True)(x))
     assert "gemm_bn_softmax" not in code
-    want = baseline(x)
+    # The model's own function, in float64: Inductor's fp32 kernels (other reduction orders than
+    # eager's) are held to the accuracy contract, not to eager's rounding element by element.
+    want = baseline.double()(x.double())
     for a, b in zip(as_tuple(out), as_tuple(want)):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert rel_err(a, b) <= TOL[torch.float32], rel_err(a, b)
 
 
 def test_compile_hook_chains_with_an_existing_pass_and_is_cacheable():
