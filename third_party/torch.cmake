@@ -17,9 +17,9 @@ print(1 if torch.version.cuda else 0)
 print(torch.__version__)
 try:
     import nvidia
-    print(','.join(nvidia.__path__))
+    print(','.join(nvidia.__path__) or 'none')
 except ImportError:
-    print('')"
+    print('none')  # a word, not an empty line: the output's trailing whitespace is stripped"
   OUTPUT_VARIABLE _torch_out OUTPUT_STRIP_TRAILING_WHITESPACE
   ERROR_VARIABLE _torch_err RESULT_VARIABLE _torch_rc)
 if(NOT _torch_rc EQUAL 0)
@@ -37,6 +37,9 @@ list(GET _torch_lines 2 _torch_abi)
 list(GET _torch_lines 3 FUSED_TORCH_HAS_CUDA)
 list(GET _torch_lines 4 FUSED_TORCH_VERSION)
 list(GET _torch_lines 5 _torch_nvidia_dirs)
+if(_torch_nvidia_dirs STREQUAL "none")  # no `nvidia` wheels (a CPU-only torch)
+  set(_torch_nvidia_dirs "")
+endif()
 string(REPLACE "," ";" _torch_nvidia_dirs "${_torch_nvidia_dirs}")
 message(STATUS "PyTorch ${FUSED_TORCH_VERSION} (CUDA build: ${FUSED_TORCH_HAS_CUDA}): ${TORCH_LIB_DIR}")
 
