@@ -12,7 +12,8 @@ import re
 import sys
 
 # Ceilings measured on the H200 (bench/NOTES.md): TFLOP/s of a bare GEMM, and copy bandwidth.
-TENSOR_TFLOPS = {"bf16": 786.0, "fp16": 786.0, "tf32": 429.0}
+# 3xtf32: the useful fp32 rate at the TF32 ceiling, three TF32 products per multiply-add.
+TENSOR_TFLOPS = {"bf16": 786.0, "fp16": 786.0, "tf32": 429.0, "3xtf32": 429.0 / 3}
 COPY_TBPS = 4.17
 METRIC = re.compile(r"^ {4}(\S.*?\S)\s{2,}(?:(\S+(?: \S+)?)\s{2,})?(\S+)\s*$")
 
@@ -50,9 +51,10 @@ def short_name(name: str) -> str:
 
 
 def summarize(kernels, m: int, n: int, k: int, dtype: str) -> str:
-    out_bytes = 4 if dtype == "tf32" else 2   # out, bias: the input dtype
+    out_bytes = 4 if dtype in ("tf32", "3xtf32") else 2   # out, bias: the input dtype
     generic = any("column_partials" in name for name, _ in kernels)
-    tiles = (m + 127) // 128 if generic else (m + 255) // 256   # partial-statistics row tiles per path
+    # partial-statistics row tiles: 128 rows on the generic path and in the 3xTF32 kernel, else 256
+    tiles = (m + 127) // 128 if generic or dtype == "3xtf32" else (m + 255) // 256
     rows = ["| kernel | duration µs | SM clock GHz | SM throughput % | DRAM throughput % | registers | achieved occupancy % | vs ceiling |",
             "|---|---|---|---|---|---|---|---|"]
     for name, met in kernels:

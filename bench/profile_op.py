@@ -11,12 +11,13 @@ import gemm_bn_softmax as gbs  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("--size", default="1024x8192x8192")
-p.add_argument("--dtype", choices=["bf16", "fp16", "tf32"], default="bf16")
+p.add_argument("--dtype", choices=["bf16", "fp16", "tf32", "3xtf32"], default="bf16",
+               help="3xtf32: fp32 operands, precision='3xtf32' (the sm90 3xTF32 kernel)")
 p.add_argument("--path", choices=["sm90", "generic", "recompute"], default="sm90")
 a = p.parse_args()
 m, n, k = (int(v) for v in a.size.split("x"))
-dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}[a.dtype]
-precision = "tf32" if a.dtype == "tf32" else None
+dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "3xtf32": torch.float32}[a.dtype]
+precision = {"tf32": "tf32", "3xtf32": "3xtf32"}.get(a.dtype)
 mod = gbs.FusedGemmBNSoftmax(k, n, precision=precision).cuda().to(dtype)
 x = torch.rand(m, k, device="cuda").to(dtype)
 with torch.no_grad():

@@ -37,6 +37,8 @@ def test_ncu_summary_reads_every_kernel():
     assert gemm["Duration"][0] == "us" and gemm["Duration"][1] > 100
     table = ncu_summary.summarize(kernels, 1024, 8192, 8192, "bf16")
     assert "TFLOP/s" in table and "TB/s" in table
+    # 3xtf32: the GEMM against the useful fp32 rate (a third of TF32's ceiling)
+    assert "% of 143 |" in ncu_summary.summarize(kernels, 1024, 8192, 8192, "3xtf32")
 
 
 def test_bench_cli_help():
