@@ -131,6 +131,32 @@ def check_run_to_run(sizes, rank, device):
         assert torch.equal(first, second), f"tensor {i} differs between two identical runs"
 
 
+def check_subgroup(rank, device):
+    """A process group of some ranks (global ranks 0 and 2 of three, in that order): the statistics
+    are those of its ranks' rows only, the same bits on both, and the other rank takes no part."""
+    members = [0, 2]
+    sub = dist.new_group(members)  # every rank takes part in creating it
+    sizes = [3, 5, 4]  # the rank outside the group holds rows too: they must not count
+    x, _ = global_batch(sizes, seed=8)
+    gen = torch.Generator().manual_seed(9)
+    w, b = torch.randn(N, K, generator=gen) / K ** 0.5, 0.1 * torch.randn(N, generator=gen)
+    group_rows = torch.cat([my_rows(x, sizes, r) for r in members])
+    want, y = functional_ref64(group_rows, w, b, scale=1.3)
+    if rank not in members:
+        return
+    rm, rv = torch.zeros(N, device=device), torch.ones(N, device=device)
+    xl = my_rows(x, sizes, rank).to(device)
+    out = gbs.gemm_bn_softmax(xl, w.to(device), b.to(device), None, None, rm, rv, 1.3, momentum=1.0,
+                              process_group=sub)
+    start = sum(sizes[r] for r in members[:members.index(rank)])
+    if sizes[rank]:
+        assert rel_err(out, want[start:start + sizes[rank]]) <= TOL
+    assert rel_err(rm, y.mean(0)) <= 1e-6 and rel_err(rv, y.var(0)) <= 1e-6  # momentum 1: this batch's
+    parts = [torch.empty_like(rv) for _ in members]
+    dist.all_gather(parts, rv, group=sub)
+    assert torch.equal(parts[0], parts[1]), "running_var differs between the subgroup's ranks"
+
+
 def check_functional(sizes, rank, device):
     """gemm_bn_softmax(..., process_group=WORLD): momentum=None, no affine, scalar float scale."""
     x, g = global_batch(sizes, seed=2)
@@ -388,6 +414,8 @@ def run(rank, sizes, port, backend, device_type):
         check_conversions(sizes, rank, device)
         if len(sizes) == 2:  # compiling costs seconds per process: one world size is enough
             check_compiled(sizes, rank, device)
+        else:
+            check_subgroup(rank, device)
         check_column_parallel(rank, len(sizes), device)
         if device.type == "cuda":
             check_against_sync_batchnorm(sizes, rank, device)

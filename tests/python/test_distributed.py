@@ -195,7 +195,8 @@ def test_gloo_processes_match_the_full_batch_and_agree_bitwise(sizes):
     """Real processes: FusedGemmBNSoftmax(process_group=WORLD) under DDP, the functional API with a
     process group, nn.SyncBatchNorm.convert_sync_batchnorm and convert() on a Linear ->
     nn.SyncBatchNorm -> softmax model, each against the float64 full-batch reference; two identical
-    training steps give the same bits (run to run) on every rank; with two
+    training steps give the same bits (run to run) on every rank; with three ranks a subgroup of two
+    (ranks 0 and 2) normalises over its own rows only; with two
     ranks also torch.compile(fullgraph=True) against eager. Then the column-parallel block (W's rows
     split over the ranks) against the unsharded one in float64."""
     port = free_port()
