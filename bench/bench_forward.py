@@ -50,12 +50,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gemm_bn_softmax as gbs  # noqa: E402
 from gemm_bn_softmax.reference import ReferenceModel  # noqa: E402
 
-MODES = {"fp32": torch.float32, "tf32": torch.float32, "3xtf32": torch.float32, "bf16": torch.bfloat16,
-         "fp16": torch.float16}
-# The op's precision argument per mode (3xtf32's peers are exact fp32: eager, compile and cuBLAS).
-PRECISION = {"fp32": "highest", "tf32": "tf32", "3xtf32": "3xtf32"}
-
-
 class TrainMode(NamedTuple):
     dtype: torch.dtype                 # of the parameters and of x
     precision: Optional[str]           # FusedGemmBNSoftmax(precision=...)
@@ -72,6 +66,9 @@ TRAIN_MODES = {
     "fp16": TrainMode(torch.float16, None, False, None),
     "autocast-bf16": TrainMode(torch.float32, None, False, torch.bfloat16),
 }
+# The forward modes (the same without AMP): the dtype per mode; the op's precision argument is the
+# train mode's (3xtf32's peers are exact fp32: eager, compile and cuBLAS).
+MODES = {name: m.dtype for name, m in TRAIN_MODES.items() if m.autocast is None}
 CASES = ("headline", "eval", "m-sweep", "n-sweep", "small-k", "train")
 # The record cases of the CLI case "train", and how often each compiles its torch.compile peer afresh
 # (compiled-code timings vary from compile to compile; the SGD step only needs one).
@@ -103,7 +100,7 @@ def rel_err(got, want):
 def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False):
     dtype = MODES[mode]
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
-    precision = PRECISION.get(mode)
+    precision = TRAIN_MODES[mode].precision
     torch.manual_seed(0)
     ref = ReferenceModel(k, n).cuda()
     ref64 = ReferenceModel(k, n).cuda().double()
