@@ -154,6 +154,37 @@ TEST(Tf32Split, NearestExactSplitsExactly) {
   for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
 }
 
+// The kernel's fast splits (ties away from zero), for every finite |a| < 2^127: both parts TF32,
+// split_nearest's 22 bits (registers) and split_toward_zero's 21 bits with a's sign (shared memory,
+// big = the truncated word); big is round_nearest(a) except at ties, where it is the one farther from 0.
+TEST(Tf32Split, FastSplitsHoldTheExactSplitsBounds) {
+  auto check = [](uint32_t u) {
+    const float a = bits_float(u);
+    if (!tf32::finite(a) || std::fabs(a) >= std::ldexp(1.0f, 127)) return;
+    const double bound22 = std::max(std::ldexp(std::fabs(double(a)), -22), std::ldexp(1.0, -136));
+    const double bound21 = std::max(std::ldexp(std::fabs(double(a)), -21), std::ldexp(1.0, -136));
+    const tf32::Split s = tf32::split_nearest_fast(a);
+    ASSERT_TRUE(tf32::representable(s.big) && tf32::representable(s.small)) << "a bits 0x" << std::hex << u;
+    const bool tie = (u & tf32::kDroppedMask) == (1u << (tf32::kDroppedBits - 1));
+    if (!tie) {
+      ASSERT_EQ(float_bits(s.big), float_bits(tf32::round_nearest(a))) << "a bits 0x" << std::hex << u;
+    } else {
+      ASSERT_GT(std::fabs(s.big), std::fabs(a)) << "a bits 0x" << std::hex << u;
+    }
+    ASSERT_LE(std::fabs(double(a) - s.big - s.small), bound22) << "a bits 0x" << std::hex << u;
+    const float small = tf32::small_of_truncated_fast(a);
+    ASSERT_TRUE(tf32::representable(small)) << "a bits 0x" << std::hex << u;
+    if (small != 0.0f) ASSERT_EQ(std::signbit(small), std::signbit(a)) << "a bits 0x" << std::hex << u;
+    ASSERT_LE(std::fabs(double(a) - tf32::truncate(a) - small), bound21) << "a bits 0x" << std::hex << u;
+  };
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t e = 0; e < 0xfeu; ++e)
+      for (uint32_t m : {0u, 1u, 0x1000u, 0x1fffu, 0x2000u, 0x3000u, 0x400000u, 0x7fe000u, 0x7fffffu, 0x7ff000u})
+        check(sign | (e << 23) | m);
+  std::mt19937 rng(2030);
+  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
+}
+
 TEST(Tf32Split, TowardZeroKeepsFp32SemanticsForInfAndNaN) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const float values[] = {inf, -inf, nan, 0.0f, -0.0f, 1.5f, -1.5f, 3.0f, 0.1f, -0.7f, 1e-30f, 1e30f, -1e30f};

@@ -138,4 +138,26 @@ FUSED_HD Split split_nearest_exact(float a) {
   return {big, a - big};
 }
 
+// The sm90 3xTF32 kernel's fast splits, for finite |a| < 2^127 (the kernel sends tiles holding other
+// words to the exact split above). Rounding to nearest with ties away from zero is two integer
+// operations, against five for ties to even; the bounds are the same (ties are 2^-13 of the words).
+FUSED_HD uint32_t round_nearest_away_bits(uint32_t u) { return (u + (1u << (kDroppedBits - 1))) & ~kDroppedMask; }
+
+// For an operand the kernel holds in registers: big = a rounded to nearest TF32 and small = (a - big)
+// rounded likewise (a - big is exact), both ties away from zero. Like split_nearest,
+// |a - big - small| <= 2^-22 |a|; both parts are TF32, so the tensor cores read them as they are.
+FUSED_HD Split split_nearest_fast(float a) {
+  const float big = half_bits::bits_float(round_nearest_away_bits(half_bits::float_bits(a)));
+  return {big, half_bits::bits_float(round_nearest_away_bits(half_bits::float_bits(a - big)))};
+}
+
+// For an operand the tensor cores read as raw fp32 words from shared memory, truncated, so its big
+// part is truncate(a) for free: small = (a - truncate(a)) rounded to nearest TF32, ties away from
+// zero. Like split_toward_zero, |a - truncate(a) - small| <= 2^-21 |a| and small has a's sign; a value
+// TF32 holds exactly gets 0 (split_toward_zero's tiny small part only matters against inf).
+FUSED_HD float small_of_truncated_fast(float a) {
+  const uint32_t u = half_bits::float_bits(a);
+  return half_bits::bits_float(round_nearest_away_bits(half_bits::float_bits(a - half_bits::bits_float(u & ~kDroppedMask))));
+}
+
 }  // namespace fused::tf32

@@ -24,13 +24,14 @@ struct GemmStats3xTf32Kernel {
   using FusionCallbacks = typename Reference::FusionCallbacks;
   using CollectiveEpilogue = typename Reference::CollectiveEpilogue;
 
-  // Stages: what shared memory holds after the epilogue, the ring of small parts (two stages' worth)
-  // and the kernel's own barriers (1 KiB margin).
+  // Stages: what shared memory holds after the epilogue, the ring of B's small parts (two stages of
+  // B; the mainloop asserts the same size) and the kernel's own barriers and scheduler state (256
+  // bytes; the SharedStorageSize assert below checks the total).
   static constexpr int kStageBytes = int(size<0>(TileShape{}) + size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
-  static constexpr int kSmallBytes = 2 * kStageBytes;
+  static constexpr int kSmallBytes = 2 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
   static constexpr int kStages =
-      (kSm90SharedMemoryBytes - int(sizeof(typename CollectiveEpilogue::SharedStorage)) - kSmallBytes -
-       1024) / (kStageBytes + 16);
+      (kSm90SharedMemoryBytes - int(sizeof(typename CollectiveEpilogue::SharedStorage)) - kSmallBytes - 256) /
+      (kStageBytes + 16);
   static_assert(kStages >= 3, "too little shared memory for a pipeline");
 
   using BaseMainloop = cutlass::gemm::collective::CollectiveMma<
@@ -40,9 +41,11 @@ struct GemmStats3xTf32Kernel {
       typename RefMainloop::TiledMma, typename RefMainloop::GmemTiledCopyA, typename RefMainloop::SmemLayoutAtomA, void,
       cute::identity, typename RefMainloop::GmemTiledCopyB, typename RefMainloop::SmemLayoutAtomB, void, cute::identity>;
   using CollectiveMainloop = Mainloop3xTf32<BaseMainloop>;
+  static_assert(CollectiveMainloop::kSmallBytes == kSmallBytes, "the stage count must leave room for the ring");
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+  static_assert(int(GemmKernel::SharedStorageSize) <= kSm90SharedMemoryBytes, "shared memory overflow");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;

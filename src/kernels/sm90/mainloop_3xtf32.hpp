@@ -1,33 +1,41 @@
 // A 3xTF32 sm90 mainloop with promoted accumulation: an fp32-grade GEMM on TF32 tensor cores.
 //
-// Each fp32 operand a = big + small, big = a rounded to nearest TF32, small = a - big (exact in fp32;
-// the tensor cores read its top 11 bits). The products small_a big_b + big_a small_b + big_a big_b
-// drop small_a small_b (< 2^-24 of the product). Per k-tile t the two consumer warpgroups
-//   1. wait for the TMA tiles of A and B, loaded as raw 32-bit words (a UINT32 TMA descriptor:
-//      CUTLASS's fp32 mainloop uses TFLOAT32 descriptors, whose copy rounds the low bits away);
-//   2. split their share of both tiles: big rewrites the raw word in place, small goes to slot t % 2
-//      of a two-slot shared-memory ring (same swizzled layout as a pipeline stage, so element i of
-//      the stage and of the slot are the same (m, k)), while k-tile t - 1's products still run;
-//      fence the writes for the tensor cores' async proxy;
-//   3. wait for k-tile t - 1's products, add that k-tile's wgmma accumulator into the fp32 output
-//      accumulator ("promotion"), release its stage, and meet at a named barrier that also ORs a flag:
-//      a tile holding inf, NaN or |a| >= 2^127 is redone with the exact split of
-//      fused::tf32::split_toward_zero (the raw word restored, truncated by the tensor cores; small
-//      parts that keep fp32's inf and NaN products), then a second barrier;
-//   4. issue small_A * big_B and big_A * small_B for every k-block of the tile, then big_A * big_B
-//      for every k-block, into a freshly zeroed wgmma accumulator.
+// Each fp32 operand a = big + small, both TF32; the products small_a big_b + big_a small_b + big_a big_b
+// drop small_a small_b (< 2^-21 of the product). A (x) and B (W) are split differently:
+//   - A goes through registers (register-sourced wgmma, RS): each consumer warpgroup reads its 64 rows
+//     of the raw tile and splits them in registers, big and small both rounded to nearest
+//     (fused::tf32::split_nearest_fast, within 2^-22 |a|). Nothing is written back for A;
+//   - B stays in shared memory (TF32 wgmma has no register-sourced B). The raw tile, loaded as 32-bit
+//     words by a UINT32 TMA copy (CUTLASS's fp32 mainloop uses TFLOAT32 descriptors, whose copy rounds
+//     the low bits away), is big as it is: the tensor cores read it truncated. The small parts
+//     (small_of_truncated_fast, within 2^-21 |b|) go to a two-slot ring, each of the 256 consumer
+//     threads writing 1/256 of the tile.
+// Per k-tile t the two consumer warpgroups
+//   1. wait for the TMA tiles, read their raw A words into registers and write their share of B's small
+//      parts to slot t % 2 while k-tile t - 1's products still run; fence the writes for the tensor
+//      cores' async proxy;
+//   2. wait for k-tile t - 1's products, add that k-tile's wgmma accumulator into the fp32 output
+//      accumulator ("promotion"), release its stage, split A in registers, and meet at a named barrier
+//      that ORs a flag: a tile holding inf or NaN (or an A word whose rounding reaches inf) is redone
+//      with the exact split of fused::tf32::split_toward_zero (big truncated, small parts that keep
+//      fp32's inf and NaN products);
+//   3. issue small_A * big_B and big_A * small_B for every k-block, then big_A * big_B for every
+//      k-block, into a freshly zeroed wgmma accumulator.
 // Why promote every k-tile (32 K-elements) and order the products so: the tensor cores' fp32
 // accumulation loses a little of the accumulator at every wgmma (it does not round like an fp32
 // add), so the error grows with the number of wgmma added into an accumulator of the result's size.
 // The small-part products go first, while the accumulator is still small; then only the 4 big * big
-// wgmma of a k-tile are added at full size before the fp32 promotion. Measured on the H200 (relative
-// error against float64, 1024x8192x8192 time; tests/cpp/test_sm90_gemm_stats.cu):
+// wgmma of a k-tile are added at full size before the fp32 promotion.
+// Measured on the H200 (GEMM + statistics at 1024x8192x8192; relative error against float64 in
+// tests/cpp/test_sm90_gemm_stats.cu), from the first version to this one:
 //   - promotion every 8 k-tiles, products interleaved per k-block: 1.7e-6 at K = 8192 (exact fp32
 //     1.3e-6); every k-tile, small parts first: 4.0e-7;
-//   - big truncated (the raw word as is, no rewrite): 1.58 ms, 2.5-4.0e-7; big rounded to nearest
-//     (this): 1.76 ms, 1.2-3.2e-7, no less accurate than exact fp32 from K = 1024 up;
-//   - two alternating wgmma accumulators (t + 1's products issued before t's promotion): 1.93 ms
-//     against 1.60 (ptxas serialized the wgmma).
+//   - both operands split in shared memory (SS wgmma): 1.76 ms, shared memory the limit (each SS
+//     wgmma reads A's tile too);
+//   - A in registers (this): 1.38-1.43 ms with a ring per warpgroup (each warpgroup splitting all of
+//     B, never waiting for the other; three pipeline stages fit), 1.32-1.35 ms with one shared ring
+//     (half the split work, five stages). Staggering or strictly alternating the two warpgroups'
+//     products did not help (1.37-1.45 ms).
 // Design: docs/design-3xtf32-sm90.md.
 #pragma once
 
@@ -42,43 +50,51 @@ namespace fused::sm90::detail {
 using namespace cute;
 
 // Base: CUTLASS's SS warp-specialized TMA mainloop (CollectiveMma<MainloopSm90TmaGmmaWarpSpecialized
-// ...>) instantiated with uint32_t operands (raw words through TMA) and a TF32 TiledMma.
+// ...>) instantiated with uint32_t operands (raw words through TMA) and a TF32 TiledMma; it supplies
+// the producer (TMA loads), the pipeline and the tail. Only the consumers' k-loop is replaced.
 template <class Base>
 struct Mainloop3xTf32 : Base {
   using typename Base::TiledMma;
   using typename Base::TileShape;
   using typename Base::SmemLayoutA;
   using typename Base::SmemLayoutB;
-  using typename Base::SmemLayoutAtomA;
   using typename Base::SmemLayoutAtomB;
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
   using typename Base::Params;
   using typename Base::DispatchPolicy;
 
-  // One pipeline stage's layout; the small parts are stored exactly as the raw tile is, in a ring
-  // of kSmallSlots such stages.
+  static constexpr int kMmaThreads = int(size(TiledMma{}));
+  static constexpr int kWarpGroupThreads = cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kMmaWarpGroups = kMmaThreads / kWarpGroupThreads;
+  // The consumers' TiledMma: the base's warpgroup tiling with the register-sourced TF32 atom. The
+  // accumulator layout is the same, so the kernel's accumulators and epilogue apply unchanged.
+  using TiledMmaRegisterA = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<tfloat32_t, tfloat32_t, float, TileShape>(), Layout<Shape<Int<kMmaWarpGroups>, _1, _1>>{}));
+  static_assert(int(size(TiledMmaRegisterA{})) == kMmaThreads &&
+                    std::is_same_v<typename TiledMmaRegisterA::AtomLayoutC_TV, typename TiledMma::AtomLayoutC_TV>,
+                "the register-sourced TiledMma must keep the accumulator layout");
+
+  // B's small parts: a ring of kSmallSlots stages, laid out as a pipeline stage of B, so element i of
+  // the stage and of a slot are the same (n, k).
   static constexpr int kSmallSlots = 2;
-  using SmemLayoutStageA = decltype(tile_to_shape(SmemLayoutAtomA{}, make_shape(shape<0>(TileShape{}), shape<2>(TileShape{}))));
   using SmemLayoutStageB = decltype(tile_to_shape(SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}))));
-  using SmemLayoutSmallA = decltype(tile_to_shape(SmemLayoutAtomA{}, make_shape(shape<0>(TileShape{}), shape<2>(TileShape{}), Int<kSmallSlots>{})));
-  using SmemLayoutSmallB = decltype(tile_to_shape(SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}), Int<kSmallSlots>{})));
-  static constexpr int kStageElementsA = int(size(SmemLayoutStageA{}));
+  using SmemLayoutSmallB = decltype(tile_to_shape(
+      SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}), Int<kSmallSlots>{})));
   static constexpr int kStageElementsB = int(size(SmemLayoutStageB{}));
-  static_assert(int(cosize_v<SmemLayoutStageA>) == kStageElementsA && int(cosize_v<SmemLayoutStageB>) == kStageElementsB,
-                "a stage must be dense for the element-wise split");
-  static_assert(int(cosize_v<SmemLayoutA>) == kStageElementsA * DispatchPolicy::Stages &&
-                    int(cosize_v<SmemLayoutB>) == kStageElementsB * DispatchPolicy::Stages &&
-                    int(cosize_v<SmemLayoutSmallA>) == kStageElementsA * kSmallSlots &&
+  static_assert(int(cosize_v<SmemLayoutStageB>) == kStageElementsB, "a stage must be dense for the element-wise split");
+  static_assert(int(cosize_v<SmemLayoutB>) == kStageElementsB * DispatchPolicy::Stages &&
                     int(cosize_v<SmemLayoutSmallB>) == kStageElementsB * kSmallSlots,
                 "stages and ring slots must follow each other densely");
-  static constexpr int kMmaThreads = int(size(TiledMma{}));
-  static_assert(kStageElementsA % (4 * kMmaThreads) == 0 && kStageElementsB % (4 * kMmaThreads) == 0,
-                "every MMA thread splits whole float4 groups");
+  // Each thread splits kSplitBatch float4 groups of a stage, loaded before any is stored: the compiler
+  // cannot move a load above an earlier store (it cannot tell that the ring and the stage do not
+  // overlap), so batching is what lets the loads' latencies overlap.
+  static constexpr int kSplitBatch = kStageElementsB / 4 / kMmaThreads;
+  static_assert(kSplitBatch * 4 * kMmaThreads == kStageElementsB, "every MMA thread splits whole float4 groups");
+  static constexpr int kSmallBytes = kStageElementsB * kSmallSlots * int(sizeof(float));
 
   struct SharedStorage {
     struct TensorStorage : Base::TensorStorage {
-      alignas(1024) cute::array_aligned<typename TiledMma::ValTypeA, kStageElementsA * kSmallSlots, 1024> smem_A_small;
       alignas(1024) cute::array_aligned<typename TiledMma::ValTypeB, kStageElementsB * kSmallSlots, 1024> smem_B_small;
     } tensors;
     using PipelineStorage = typename Base::PipelineStorage;
@@ -87,44 +103,37 @@ struct Mainloop3xTf32 : Base {
   using TensorStorage = typename SharedStorage::TensorStorage;
   using PipelineStorage = typename SharedStorage::PipelineStorage;
 
-  // The fast split of one word of a k-tile: the raw word becomes split_nearest_exact's big part
-  // (rewritten in place: the tensor cores read it) and the small part is exact, so raw + small
-  // restores the word. Words of magnitude >= 2^127, inf or NaN keep their raw bits and a zero small
-  // part (restored alike) and set `large`: the caller then redoes the k-tile with the exact split.
-  CUTLASS_DEVICE static float fast_split(float a, float& big, bool& large) {
-    const bool keep = (__float_as_uint(a) & tf32::kExponentMask) >= 0x7f000000u;
-    large |= keep;
-    const tf32::Split s = tf32::split_nearest_exact(a);
-    big = keep ? a : s.big;
-    return keep ? 0.0f : s.small;
+  // This thread's share of B's small parts (fast split). Returns a value that is NaN when the share
+  // holds inf or NaN (b - truncate(b) is NaN exactly then), else 0: one fused multiply-add a word
+  // instead of a compare and an OR.
+  CUTLASS_DEVICE static float write_small_parts_fast(float const* raw_stage, float* small, int thread_idx) {
+    float4 const* raw4 = reinterpret_cast<float4 const*>(raw_stage);
+    float4* small4 = reinterpret_cast<float4*>(small);
+    float probe = 0.0f;
+    auto small_of = [&probe](float b) {
+      const float rest = b - __uint_as_float(__float_as_uint(b) & ~tf32::kDroppedMask);  // exact for finite b
+      probe = __fmaf_rn(rest, 0.0f, probe);
+      return __uint_as_float(tf32::round_nearest_away_bits(__float_as_uint(rest)));
+    };
+    float4 b[kSplitBatch];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kSplitBatch; ++j) b[j] = raw4[thread_idx + j * kMmaThreads];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kSplitBatch; ++j)
+      small4[thread_idx + j * kMmaThreads] = make_float4(small_of(b[j].x), small_of(b[j].y), small_of(b[j].z), small_of(b[j].w));
+    return probe;
   }
 
-  // This thread's share of a stage's split, as float4 groups. kFast: fast_split, returning whether a
-  // word needs the exact split. Else the exact split: the raw words are restored (raw + small), the
-  // tensor cores read them truncated (split_toward_zero's big part), and the small parts are
-  // small_toward_zero's, which keep fp32's inf and NaN products.
-  template <int kStageElements, bool kFast>
-  CUTLASS_DEVICE static bool write_small_parts(float* raw_stage, float* small, int thread_idx) {
-    float4* raw4 = reinterpret_cast<float4*>(raw_stage);
+  // The same share with the exact split's small parts (small_toward_zero: fp32's inf and NaN products).
+  CUTLASS_DEVICE static void write_small_parts_exact(float const* raw_stage, float* small, int thread_idx) {
+    float4 const* raw4 = reinterpret_cast<float4 const*>(raw_stage);
     float4* small4 = reinterpret_cast<float4*>(small);
-    bool large = false;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = thread_idx; i < kStageElements / 4; i += kMmaThreads) {
-      float4 a = raw4[i];
-      if constexpr (kFast) {
-        float4 big;
-        small4[i] = make_float4(fast_split(a.x, big.x, large), fast_split(a.y, big.y, large),
-                                fast_split(a.z, big.z, large), fast_split(a.w, big.w, large));
-        raw4[i] = big;
-      } else {
-        const float4 s = small4[i];
-        a = make_float4(a.x + s.x, a.y + s.y, a.z + s.z, a.w + s.w);
-        raw4[i] = a;
-        small4[i] = make_float4(tf32::small_toward_zero(a.x), tf32::small_toward_zero(a.y),
-                                tf32::small_toward_zero(a.z), tf32::small_toward_zero(a.w));
-      }
+    for (int j = 0; j < kSplitBatch; ++j) {
+      const float4 b = raw4[thread_idx + j * kMmaThreads];
+      small4[thread_idx + j * kMmaThreads] = make_float4(tf32::small_toward_zero(b.x), tf32::small_toward_zero(b.y),
+                                                         tf32::small_toward_zero(b.z), tf32::small_toward_zero(b.w));
     }
-    return large;
   }
 
   static constexpr uint32_t kBarrier = static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::TransformBarrier);
@@ -148,25 +157,33 @@ struct Mainloop3xTf32 : Base {
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum, int k_tile_count,
                           int thread_idx, TensorStorage& shared_tensors, Params const& /*mainloop_params*/) {
     static_assert(is_rmem<FrgTensorC>::value, "C tensor must be rmem resident.");
-    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});        // (BLK_M,BLK_K,PIPE)
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});        // (BLK_N,BLK_K,PIPE)
-    Tensor sA_small = make_tensor(make_smem_ptr(shared_tensors.smem_A_small.data()), SmemLayoutSmallA{});  // (..,SLOT)
+    const int warp_group_idx = __shfl_sync(0xFFFFFFFF, thread_idx / kWarpGroupThreads, 0);
+    Layout warp_group_thread_layout = make_layout(Int<kMmaWarpGroups>{}, Int<kWarpGroupThreads>{});
+
+    // A as raw fp32 words (the copy into registers reads them as they are).
+    Tensor sA = as_position_independent_swizzle_tensor(
+        make_tensor(make_smem_ptr(reinterpret_cast<float*>(shared_tensors.smem_A.data())), SmemLayoutA{}));  // (BLK_M,BLK_K,PIPE)
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});                 // (BLK_N,BLK_K,PIPE)
     Tensor sB_small = make_tensor(make_smem_ptr(shared_tensors.smem_B_small.data()), SmemLayoutSmallB{});  // (..,SLOT)
 
-    constexpr int kMmaWarpGroups = kMmaThreads / cutlass::NumThreadsPerWarpGroup;
-    Layout warp_group_thread_layout = make_layout(Int<kMmaWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
-    const int warp_group_idx = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
-    TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(warp_group_thread_layout(warp_group_idx));
-    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));                      // (MMA,MMA_M,MMA_K,PIPE)
-    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));                      // (MMA,MMA_N,MMA_K,PIPE)
-    Tensor tCrA_small = thread_mma.make_fragment_A(thread_mma.partition_A(sA_small));          // (MMA,MMA_M,MMA_K,SLOT)
-    Tensor tCrB_small = thread_mma.make_fragment_B(thread_mma.partition_B(sB_small));          // (MMA,MMA_N,MMA_K,SLOT)
-    constexpr int kBlocks = size<2>(tCrA);
+    TiledMmaRegisterA tiled_mma;
+    auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
+    auto warp_group_mma = tiled_mma.get_slice(warp_group_thread_layout(warp_group_idx));
+    Tensor tCrA_big = thread_mma.partition_fragment_A(sA(_, _, Int<0>{}));                     // (MMA,MMA_M,MMA_K)
+    Tensor tCrA_small = make_fragment_like(tCrA_big);
+    Tensor tCrA_raw = make_fragment_like<float>(tCrA_big);
+    auto smem_copy_A = make_tiled_copy_A(Copy_Atom<AutoVectorizingCopy, float>{}, tiled_mma);
+    auto smem_thread_copy_A = smem_copy_A.get_thread_slice(thread_idx);
+    Tensor tCsA_copy = smem_thread_copy_A.partition_S(sA);                                      // (CPY,CPY_M,CPY_K,PIPE)
+    Tensor tCrA_raw_copy = smem_thread_copy_A.retile_D(tCrA_raw);                               // (CPY,CPY_M,CPY_K)
+    Tensor tCrB = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB));              // (MMA,MMA_N,MMA_K,PIPE)
+    Tensor tCrB_small = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB_small));  // (MMA,MMA_N,MMA_K,SLOT)
+    constexpr int kBlocks = size<2>(tCrA_big);
+    Tensor a_raw = recast<uint32_t>(tCrA_raw);
+    Tensor a_big = recast<uint32_t>(tCrA_big);
+    Tensor a_small = recast<uint32_t>(tCrA_small);
 
-    // The wgmma accumulator of one k-tile, promoted into accum after it. (Two of them, alternating so
-    // that k-tile t + 1's products could start before k-tile t's are promoted, measured slower on
-    // the H200: 1.93 against 1.60 ms at the headline; ptxas serialized the wgmma.)
+    // The wgmma accumulator of one k-tile, promoted into accum after it.
     Tensor partial = make_fragment_like(accum);
     clear(accum);
     auto promote = [&]() {
@@ -184,14 +201,13 @@ struct Mainloop3xTf32 : Base {
       const int read_stage = smem_pipe_read.index();
       const int slot = k_tile % kSmallSlots;
 
-      // Slot k_tile % 2 was last read by k-tile t - 2's products, which both warpgroups finished
-      // before the previous iteration's barrier. The previous k-tile's products may still run.
-      float* raw_a = reinterpret_cast<float*>(shared_tensors.smem_A.data()) + read_stage * kStageElementsA;
-      float* raw_b = reinterpret_cast<float*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
-      float* small_a = reinterpret_cast<float*>(shared_tensors.smem_A_small.data()) + slot * kStageElementsA;
+      // While k-tile t - 1's products run: A's raw words into registers (not the ones they read) and
+      // this thread's share of B's small parts into slot t % 2, last read by k-tile t - 2's products,
+      // which both warpgroups saw complete before the previous iteration's barrier.
+      copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
+      float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
       float* small_b = reinterpret_cast<float*>(shared_tensors.smem_B_small.data()) + slot * kStageElementsB;
-      bool special = write_small_parts<kStageElementsA, true>(raw_a, small_a, thread_idx);
-      special |= write_small_parts<kStageElementsB, true>(raw_b, small_b, thread_idx);
+      float probe = write_small_parts_fast(raw_b, small_b, thread_idx);
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
 
       warpgroup_wait<0>();
@@ -200,29 +216,48 @@ struct Mainloop3xTf32 : Base {
         pipeline.consumer_release(smem_pipe_release);
         ++smem_pipe_release;
       }
-      if (sync_mma_threads_or(special)) {
-        // An inf or NaN in this k-tile (uniform across the CTA): every thread redoes its share with
-        // the exact split, whose small parts keep fp32's inf and NaN products.
-        write_small_parts<kStageElementsA, false>(raw_a, small_a, thread_idx);
-        write_small_parts<kStageElementsB, false>(raw_b, small_b, thread_idx);
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(a_raw); ++i) {
+        // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
+        const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
+        const float rest = tCrA_raw(i) - __uint_as_float(big);
+        probe = __fmaf_rn(rest, 0.0f, probe);
+        a_big(i) = big;
+        a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(rest));
+      }
+      if (sync_mma_threads_or(probe != probe)) {
+        // inf or NaN in this k-tile (uniform across the CTA): every thread redoes its A registers and
+        // its share of B with the exact split, whose small parts keep fp32's inf and NaN products.
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(a_raw); ++i) {
+          a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
+          a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
+        }
+        write_small_parts_exact(raw_b, small_b, thread_idx);
         cutlass::arch::fence_view_async_shared();
         sync_mma_threads();
       }
 
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
       warpgroup_fence_operand(partial);
       warpgroup_arrive();
       tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        cute::gemm(tiled_mma, tCrA_small(_, _, k_block, slot), tCrB(_, _, k_block, read_stage), partial);
+        cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        cute::gemm(tiled_mma, tCrA(_, _, k_block, read_stage), tCrB_small(_, _, k_block, slot), partial);
+        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB_small(_, _, k_block, slot), partial);
       }
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block)
-        cute::gemm(tiled_mma, tCrA(_, _, k_block, read_stage), tCrB(_, _, k_block, read_stage), partial);
+        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
       warpgroup_commit_batch();
       warpgroup_fence_operand(partial);
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
       ++smem_pipe_read;
     }
     warpgroup_wait<0>();
