@@ -32,10 +32,10 @@
 //     1.3e-6); every k-tile, small parts first: 4.0e-7;
 //   - both operands split in shared memory (SS wgmma): 1.76 ms, shared memory the limit (each SS
 //     wgmma reads A's tile too);
-//   - A in registers (this): 1.38-1.43 ms with a ring per warpgroup (each warpgroup splitting all of
-//     B, never waiting for the other; three pipeline stages fit), 1.32-1.35 ms with one shared ring
-//     (half the split work, five stages). Staggering or strictly alternating the two warpgroups'
-//     products did not help (1.37-1.45 ms).
+//   - A in registers (this): 1.32-1.35 ms with one shared ring (half the split work, five stages);
+//     a ring per warpgroup (each splitting all of B, never waiting for the other; three stages fit),
+//     staggering or strictly alternating the two warpgroups' products all measured 1.33-1.45 ms
+//     (docs/design-3xtf32-sm90.md, section 6c).
 // Design: docs/design-3xtf32-sm90.md.
 #pragma once
 
