@@ -169,20 +169,19 @@ struct Mainloop3xTf32 : Base {
     TiledMmaRegisterA tiled_mma;
     auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
     auto warp_group_mma = tiled_mma.get_slice(warp_group_thread_layout(warp_group_idx));
-    // A's big and small parts, two buffers: k-tile t splits into buffer t % 2 while k-tile t - 1's
-    // products still read the other.
-    Tensor tCrA_big0 = thread_mma.partition_fragment_A(sA(_, _, Int<0>{}));                    // (MMA,MMA_M,MMA_K)
-    Tensor tCrA_small0 = make_fragment_like(tCrA_big0);
-    Tensor tCrA_big1 = make_fragment_like(tCrA_big0);
-    Tensor tCrA_small1 = make_fragment_like(tCrA_big0);
-    Tensor tCrA_raw = make_fragment_like<float>(tCrA_big0);
+    Tensor tCrA_big = thread_mma.partition_fragment_A(sA(_, _, Int<0>{}));                     // (MMA,MMA_M,MMA_K)
+    Tensor tCrA_small = make_fragment_like(tCrA_big);
+    Tensor tCrA_raw = make_fragment_like<float>(tCrA_big);
     auto smem_copy_A = make_tiled_copy_A(Copy_Atom<AutoVectorizingCopy, float>{}, tiled_mma);
     auto smem_thread_copy_A = smem_copy_A.get_thread_slice(thread_idx);
     Tensor tCsA_copy = smem_thread_copy_A.partition_S(sA);                                      // (CPY,CPY_M,CPY_K,PIPE)
     Tensor tCrA_raw_copy = smem_thread_copy_A.retile_D(tCrA_raw);                               // (CPY,CPY_M,CPY_K)
     Tensor tCrB = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB));              // (MMA,MMA_N,MMA_K,PIPE)
     Tensor tCrB_small = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB_small));  // (MMA,MMA_N,MMA_K,SLOT)
-    constexpr int kBlocks = size<2>(tCrA_big0);
+    constexpr int kBlocks = size<2>(tCrA_big);
+    Tensor a_raw = recast<uint32_t>(tCrA_raw);
+    Tensor a_big = recast<uint32_t>(tCrA_big);
+    Tensor a_small = recast<uint32_t>(tCrA_small);
 
     // The wgmma accumulator of one k-tile, promoted into accum after it.
     Tensor partial = make_fragment_like(accum);
@@ -195,39 +194,21 @@ struct Mainloop3xTf32 : Base {
     };
     PipelineState smem_pipe_release = smem_pipe_read;
 
-    // One k-tile, A split into the registers big and small. (Inlined: the buffers must be distinct
-    // registers, and ptxas must see that no wgmma in flight reads the ones being written.)
-    auto k_tile_step = [&](int k_tile, auto& big, auto& small) __attribute__((always_inline)) {
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
       auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
       pipeline.consumer_wait(smem_pipe_read, barrier_token);
       const int read_stage = smem_pipe_read.index();
       const int slot = k_tile % kSmallSlots;
 
-      // While k-tile t - 1's products run: this thread's share of B's small parts into slot t % 2,
-      // last read by k-tile t - 2's products, which both warpgroups saw complete before the previous
-      // iteration's barrier; then A's split, a k-block at a time (few registers live at once).
+      // While k-tile t - 1's products run: A's raw words into registers (not the ones they read) and
+      // this thread's share of B's small parts into slot t % 2, last read by k-tile t - 2's products,
+      // which both warpgroups saw complete before the previous iteration's barrier.
+      copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
       float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
       float* small_b = reinterpret_cast<float*>(shared_tensors.smem_B_small.data()) + slot * kStageElementsB;
       float probe = write_small_parts_fast(raw_b, small_b, thread_idx);
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-      warpgroup_fence_operand(big);
-      warpgroup_fence_operand(small);
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        copy(smem_copy_A, tCsA_copy(_, _, k_block, read_stage), tCrA_raw_copy(_, _, k_block));
-        Tensor raw = tCrA_raw(_, _, k_block);
-        Tensor big_block = big(_, _, k_block);
-        Tensor small_block = small(_, _, k_block);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(raw); ++i) {
-          // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
-          const uint32_t big_bits = tf32::round_nearest_away_bits(__float_as_uint(raw(i)));
-          const float rest = raw(i) - __uint_as_float(big_bits);
-          probe = __fmaf_rn(rest, 0.0f, probe);
-          big_block(i) = tfloat32_t::bitcast(big_bits);
-          small_block(i) = tfloat32_t::bitcast(tf32::round_nearest_away_bits(__float_as_uint(rest)));
-        }
-      }
 
       warpgroup_wait<0>();
       if (k_tile > 0) {
@@ -235,48 +216,50 @@ struct Mainloop3xTf32 : Base {
         pipeline.consumer_release(smem_pipe_release);
         ++smem_pipe_release;
       }
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(a_raw); ++i) {
+        // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
+        const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
+        const float rest = tCrA_raw(i) - __uint_as_float(big);
+        probe = __fmaf_rn(rest, 0.0f, probe);
+        a_big(i) = big;
+        a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(rest));
+      }
       if (sync_mma_threads_or(probe != probe)) {
         // inf or NaN in this k-tile (uniform across the CTA): every thread redoes its A registers and
         // its share of B with the exact split, whose small parts keep fp32's inf and NaN products.
-        copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tCrA_raw); ++i) {
-          big(i) = tfloat32_t::bitcast(__float_as_uint(tf32::truncate(tCrA_raw(i))));
-          small(i) = tfloat32_t::bitcast(__float_as_uint(tf32::small_toward_zero(tCrA_raw(i))));
+        for (int i = 0; i < size(a_raw); ++i) {
+          a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
+          a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
         }
         write_small_parts_exact(raw_b, small_b, thread_idx);
         cutlass::arch::fence_view_async_shared();
         sync_mma_threads();
       }
 
-      warpgroup_fence_operand(big);
-      warpgroup_fence_operand(small);
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
       warpgroup_fence_operand(partial);
       warpgroup_arrive();
       tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        cute::gemm(tiled_mma, small(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
+        cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        cute::gemm(tiled_mma, big(_, _, k_block), tCrB_small(_, _, k_block, slot), partial);
+        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB_small(_, _, k_block, slot), partial);
       }
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block)
-        cute::gemm(tiled_mma, big(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
+        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
       warpgroup_commit_batch();
       warpgroup_fence_operand(partial);
-      warpgroup_fence_operand(big);
-      warpgroup_fence_operand(small);
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
       ++smem_pipe_read;
-    };
-
-    int k_tile = 0;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; k_tile + 1 < k_tile_count; k_tile += 2) {
-      k_tile_step(k_tile, tCrA_big0, tCrA_small0);
-      k_tile_step(k_tile + 1, tCrA_big1, tCrA_small1);
     }
-    if (k_tile < k_tile_count) k_tile_step(k_tile, tCrA_big0, tCrA_small0);
     warpgroup_wait<0>();
     promote();
     warpgroup_fence_operand(accum);
