@@ -103,6 +103,19 @@ TEST(Tf32Split, TowardZeroHolds21BitsWithTheSignOfA) {
   expect_split_holds(tf32::split_toward_zero, tf32::truncate, 21, true);
 }
 
+// Every sign, every exponent field up to max_exponent with mantissas around TF32's rounding bits
+// (zero, one, the half and the full dropped part, the next TF32 value, the largest mantissas), then
+// 2^22 random bit patterns (the check skips what it does not cover).
+template <class Check>
+void for_each_probe_pattern(Check check, uint32_t max_exponent, unsigned seed) {
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t e = 0; e <= max_exponent; ++e)
+      for (uint32_t m : {0u, 1u, 0x1000u, 0x1fffu, 0x2000u, 0x3000u, 0x400000u, 0x7fe000u, 0x7fffffu, 0x7ff000u})
+        check(sign | (e << 23) | m);
+  std::mt19937 rng(seed);
+  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
+}
+
 // small_a * big_b + big_a * small_b + big_a * big_b, in that order (a NaN anywhere stays).
 template <class SplitFn>
 float three_products(SplitFn split, float a, float b) {
@@ -121,12 +134,7 @@ TEST(Tf32Split, BranchFreeSmallPartMatchesSplitTowardZero) {
     const uint32_t want = float_bits(tf32::split_toward_zero(a).small), got = float_bits(tf32::small_toward_zero(a));
     ASSERT_EQ(got, want) << "a bits 0x" << std::hex << u;
   };
-  for (uint32_t sign : {0u, 0x80000000u})
-    for (uint32_t e = 0; e <= 0xffu; ++e)
-      for (uint32_t m : {0u, 1u, 0x1000u, 0x1fffu, 0x2000u, 0x3000u, 0x400000u, 0x7fe000u, 0x7fffffu, 0x7ff000u})
-        check(sign | (e << 23) | m);
-  std::mt19937 rng(2026);
-  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
+  for_each_probe_pattern(check, 0xffu, 2026);
   // A NaN's small part is a NaN whose TF32 bits are NaN too, even when a's payload is below TF32's.
   EXPECT_TRUE(std::isnan(tf32::truncate(tf32::small_toward_zero(bits_float(0x7f800001u)))));
 }
@@ -146,12 +154,7 @@ TEST(Tf32Split, NearestExactSplitsExactly) {
     ASSERT_LE(std::fabs(double(s.small)), std::max(std::ldexp(std::fabs(double(a)), -11), std::ldexp(1.0, -137)))
         << "a bits 0x" << std::hex << u;
   };
-  for (uint32_t sign : {0u, 0x80000000u})
-    for (uint32_t e = 0; e < 0xfeu; ++e)
-      for (uint32_t m : {0u, 1u, 0x1000u, 0x1fffu, 0x2000u, 0x3000u, 0x400000u, 0x7fe000u, 0x7fffffu, 0x7ff000u})
-        check(sign | (e << 23) | m);
-  std::mt19937 rng(2028);
-  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
+  for_each_probe_pattern(check, 0xfdu, 2028);
 }
 
 // The kernel's fast splits (ties away from zero), for every finite |a| < 2^127: both parts TF32,
@@ -177,12 +180,7 @@ TEST(Tf32Split, FastSplitsHoldTheExactSplitsBounds) {
     if (small != 0.0f) ASSERT_EQ(std::signbit(small), std::signbit(a)) << "a bits 0x" << std::hex << u;
     ASSERT_LE(std::fabs(double(a) - tf32::truncate(a) - small), bound21) << "a bits 0x" << std::hex << u;
   };
-  for (uint32_t sign : {0u, 0x80000000u})
-    for (uint32_t e = 0; e < 0xfeu; ++e)
-      for (uint32_t m : {0u, 1u, 0x1000u, 0x1fffu, 0x2000u, 0x3000u, 0x400000u, 0x7fe000u, 0x7fffffu, 0x7ff000u})
-        check(sign | (e << 23) | m);
-  std::mt19937 rng(2030);
-  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
+  for_each_probe_pattern(check, 0xfdu, 2030);
 }
 
 TEST(Tf32Split, TowardZeroKeepsFp32SemanticsForInfAndNaN) {
