@@ -272,7 +272,18 @@ Problem random_problem(int64_t M, int64_t N, int64_t K, int spread, uint32_t see
   return p;
 }
 
-enum class Gemm { kFp32Fma, kOneTf32, kThreeNearest, kThreeTowardZero };
+// kThreeKernel: the sm90 kernel's fast splits (src/kernels/sm90/mainloop_3xtf32.hpp): x as
+// split_nearest_fast, W as its truncated word and small_of_truncated_fast.
+enum class Gemm { kFp32Fma, kOneTf32, kThreeNearest, kThreeTowardZero, kThreeKernel };
+
+tf32::Split split_for(Gemm kind, float v, bool is_x) {
+  switch (kind) {
+    case Gemm::kThreeTowardZero: return tf32::split_toward_zero(v);
+    case Gemm::kThreeKernel:
+      return is_x ? tf32::split_nearest_fast(v) : tf32::Split{tf32::truncate(v), tf32::small_of_truncated_fast(v)};
+    default: return tf32::split_nearest(v);
+  }
+}
 
 // y[m, n] in the given arithmetic. kFp32Fma: one fp32 accumulator, fused multiply-adds in K order
 // (an exact-fp32 SIMT GEMM). kOneTf32 / kThreeTf32: exact TF32 products summed in fp32 within
@@ -290,9 +301,8 @@ std::vector<double> emulate(const Problem& p, Gemm kind, int64_t interval) {
         for (int64_t k0 = 0; k0 < p.K; k0 += interval) {
           float part = 0.0f;
           for (int64_t k = k0; k < std::min(p.K, k0 + interval); ++k) {
-            const bool nearest = kind != Gemm::kThreeTowardZero;
-            const tf32::Split a = nearest ? tf32::split_nearest(xr[k]) : tf32::split_toward_zero(xr[k]);
-            const tf32::Split b = nearest ? tf32::split_nearest(wr[k]) : tf32::split_toward_zero(wr[k]);
+            const tf32::Split a = split_for(kind, xr[k], true);
+            const tf32::Split b = split_for(kind, wr[k], false);
             if (kind != Gemm::kOneTf32) {  // small terms first, big * big last
               part += a.small * b.big;
               part += a.big * b.small;
@@ -346,12 +356,14 @@ double cancellation(const Problem& p) {
 
 // What the splits give in a GEMM against float64, at K = 64 .. 8192 with inputs over 1, 2^16 and
 // 2^52 binades (printed): exact fp32 (one FMA accumulator), 1xTF32, and both 3xTF32 splits with
-// the TF32 sums promoted every 128 K-elements.
+// the TF32 sums promoted every 128 K-elements; and the kernel's splits promoted every 32 K-elements,
+// as the kernel does.
 //  - From K = 1024 up, both 3xTF32 splits beat exact fp32: its single accumulator's rounding
 //    grows with K, theirs stays within one promotion interval.
 //  - At K = 64, exact fp32 is the more accurate (a two-term TF32 split keeps 21-22 of fp32's 24
-//    bits): 3xTF32 is held to its per-product bound (3 * 2^-22 nearest, 2^-19 toward zero) times
-//    the cancellation, plus fp32's accumulation error.
+//    bits): 3xTF32 is held to its per-product bound (3 * 2^-22 nearest, 2^-19 toward zero, 2^-20
+//    the kernel's: x's split 2^-22, W's 2^-21, small * small 2^-22) times the cancellation, plus
+//    fp32's accumulation error.
 //  - 1xTF32 is ~1000x worse everywhere.
 TEST(Tf32SplitGemm, ErrorAgainstExactFp32) {
   for (int64_t K : {64, 1024, 8192}) {
@@ -362,15 +374,18 @@ TEST(Tf32SplitGemm, ErrorAgainstExactFp32) {
       const double one = rel_error(emulate(p, Gemm::kOneTf32, 128), want);
       const double nearest = rel_error(emulate(p, Gemm::kThreeNearest, 128), want);
       const double toward_zero = rel_error(emulate(p, Gemm::kThreeTowardZero, 128), want);
+      const double kernel = rel_error(emulate(p, Gemm::kThreeKernel, 32), want);
       const double kappa = cancellation(p);
       std::printf("K %5lld spread 2^%-2d  fp32 %.2e  1xTF32 %.2e  3xTF32 nearest %.2e  toward zero %.2e"
-                  "  (cancellation %.1f)\n",
-                  static_cast<long long>(K), spread, fp32, one, nearest, toward_zero, kappa);
+                  "  kernel's %.2e  (cancellation %.1f)\n",
+                  static_cast<long long>(K), spread, fp32, one, nearest, toward_zero, kernel, kappa);
       SCOPED_TRACE(::testing::Message() << "K " << K << ", spread 2^" << spread);
       if (K >= 1024) {
         EXPECT_LT(nearest, fp32);
         EXPECT_LT(toward_zero, fp32);
+        EXPECT_LT(kernel, fp32);
       }
+      EXPECT_LE(kernel, std::ldexp(1.0, -20) * kappa + fp32);
       EXPECT_LE(nearest, 3 * std::ldexp(1.0, -22) * kappa + fp32);
       EXPECT_LE(toward_zero, std::ldexp(1.0, -19) * kappa + fp32);
       EXPECT_GT(one, 100 * std::max(nearest, toward_zero));
