@@ -7,8 +7,6 @@ namespace fused::sm90 {
 namespace detail {
 namespace {
 
-constexpr int kSm90SharedMemoryBytes = 232448;  // what one CTA may use on sm90 (227 KiB)
-
 struct GemmStats3xTf32Kernel {
   // The tf32 128x128 cooperative kernel supplies the epilogue, the TF32 TiledMma and the layouts.
   using Reference = GemmStatsKernel<float, GemmStatsConfig<128, int(kCtaTileN), 1, 1, false>>;
@@ -24,15 +22,7 @@ struct GemmStats3xTf32Kernel {
   using FusionCallbacks = typename Reference::FusionCallbacks;
   using CollectiveEpilogue = typename Reference::CollectiveEpilogue;
 
-  // Stages: what shared memory holds after the epilogue, the ring of B's small parts (two stages of
-  // B; the mainloop asserts the same size) and the kernel's own barriers and scheduler state (256
-  // bytes; the SharedStorageSize assert below checks the total).
-  static constexpr int kStageBytes = int(size<0>(TileShape{}) + size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
-  static constexpr int kSmallBytes = 2 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
-  static constexpr int kStages =
-      (kSm90SharedMemoryBytes - int(sizeof(typename CollectiveEpilogue::SharedStorage)) - kSmallBytes - 256) /
-      (kStageBytes + 16);
-  static_assert(kStages >= 3, "too little shared memory for a pipeline");
+  static constexpr int kStages = stages_3xtf32<TileShape, int(sizeof(typename CollectiveEpilogue::SharedStorage))>();
 
   using BaseMainloop = cutlass::gemm::collective::CollectiveMma<
       cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<kStages, ClusterShape,
@@ -41,7 +31,6 @@ struct GemmStats3xTf32Kernel {
       typename RefMainloop::TiledMma, typename RefMainloop::GmemTiledCopyA, typename RefMainloop::SmemLayoutAtomA, void,
       cute::identity, typename RefMainloop::GmemTiledCopyB, typename RefMainloop::SmemLayoutAtomB, void, cute::identity>;
   using CollectiveMainloop = Mainloop3xTf32<BaseMainloop>;
-  static_assert(CollectiveMainloop::kSmallBytes == kSmallBytes, "the stage count must leave room for the ring");
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;

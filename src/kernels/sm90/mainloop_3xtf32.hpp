@@ -49,6 +49,29 @@ namespace fused::sm90::detail {
 
 using namespace cute;
 
+// The ring of B's small parts: two stages of B (Mainloop3xTf32 asserts its storage is this size).
+template <class TileShape>
+constexpr int small_ring_bytes_3xtf32() {
+  return 2 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
+}
+
+// What one sm90 CTA may use (227 KiB).
+constexpr int kSm90SharedMemoryBytes = 232448;
+
+// Pipeline stages of a 3xTF32 kernel with this CTA tile: what shared memory holds after the
+// epilogue's storage, the ring of B's small parts and 256 bytes of barriers and scheduler state (each
+// kernel asserts its SharedStorageSize). A stage holds one k-tile of A and of B, and two 8-byte
+// barriers.
+
+template <class TileShape, int kEpilogueBytes>
+constexpr int stages_3xtf32() {
+  constexpr int stage_bytes = int(size<0>(TileShape{}) + size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
+  constexpr int stages =
+      (kSm90SharedMemoryBytes - kEpilogueBytes - small_ring_bytes_3xtf32<TileShape>() - 256) / (stage_bytes + 16);
+  static_assert(stages >= 3, "too little shared memory for a pipeline");
+  return stages;
+}
+
 // Base: CUTLASS's SS warp-specialized TMA mainloop (CollectiveMma<MainloopSm90TmaGmmaWarpSpecialized
 // ...>) instantiated with uint32_t operands (raw words through TMA) and a TF32 TiledMma; it supplies
 // the producer (TMA loads), the pipeline and the tail. Only the consumers' k-loop is replaced.
@@ -92,6 +115,7 @@ struct Mainloop3xTf32 : Base {
   static constexpr int kSplitBatch = kStageElementsB / 4 / kMmaThreads;
   static_assert(kSplitBatch * 4 * kMmaThreads == kStageElementsB, "every MMA thread splits whole float4 groups");
   static constexpr int kSmallBytes = kStageElementsB * kSmallSlots * int(sizeof(float));
+  static_assert(kSmallBytes == small_ring_bytes_3xtf32<TileShape>(), "stages_3xtf32 must leave room for the ring");
 
   struct SharedStorage {
     struct TensorStorage : Base::TensorStorage {

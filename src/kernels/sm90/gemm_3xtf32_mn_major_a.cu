@@ -1,0 +1,95 @@
+// Experimental: the 3xTF32 GEMM with an MN-major A and a column-major C (gemm_3xtf32_mn_major_a.h).
+// The mainloop is the forward's (mainloop_3xtf32.hpp): A reaches the register-sourced wgmma through
+// a copy that partitions the shared-memory tile by its logical (m, k) coordinates, so only the TMA
+// box's layout (MN-major, 128-byte swizzle) differs; B stays K-major, as TF32 wgmma requires. The
+// epilogue is CUTLASS's plain one (alpha = 1, beta = 0, no source), storing C column-major.
+// Built and compiled only; not yet run on a GPU.
+#include "kernels/sm90/gemm_3xtf32_mn_major_a.h"
+
+#include "kernels/sm90/gemm_stats_sm90.cuh"
+#include "kernels/sm90/mainloop_3xtf32.hpp"
+
+namespace fused::sm90 {
+namespace detail {
+namespace {
+
+struct Gemm3xTf32MnMajorA {
+  // The tf32 128x128 cooperative kernel supplies the TF32 TiledMma, B's layouts and the TMA copies.
+  using Reference = GemmStatsKernel<float, GemmStatsConfig<128, int(kCtaTileN), 1, 1, false>>;
+  using RefMainloop = typename Reference::CollectiveMainloop;
+  using TileShape = typename Reference::TileShape;
+  using ClusterShape = typename Reference::ClusterShape;
+  using StrideA = cute::Stride<cute::_1, int64_t, int64_t>;  // (m, k, l): m contiguous
+  using StrideB = typename RefMainloop::StrideB;             // (n, k, l): k contiguous
+  using LayoutC = cutlass::layout::ColumnMajor;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutC, 4, float, LayoutC, 4,
+      cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
+
+  static constexpr int kStages = stages_3xtf32<TileShape, int(sizeof(typename CollectiveEpilogue::SharedStorage))>();
+
+  using BaseMainloop = cutlass::gemm::collective::CollectiveMma<
+      cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<kStages, ClusterShape,
+                                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
+      TileShape, uint32_t, StrideA, uint32_t, StrideB, typename RefMainloop::TiledMma, typename RefMainloop::GmemTiledCopyA,
+      cute::GMMA::Layout_MN_SW128_Atom<cute::tfloat32_t>, void, cute::identity, typename RefMainloop::GmemTiledCopyB,
+      typename RefMainloop::SmemLayoutAtomB, void, cute::identity>;
+  using CollectiveMainloop = Mainloop3xTf32<BaseMainloop>;
+
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+  static_assert(int(GemmKernel::SharedStorageSize) <= kSm90SharedMemoryBytes, "shared memory overflow");
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+};
+
+using Kernel = Gemm3xTf32MnMajorA;
+
+typename Kernel::Gemm::Arguments plain_gemm_arguments(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                                                const float* b, int64_t ldb, float* c, int64_t ldc) {
+  using Gemm = typename Kernel::Gemm;
+  using StrideC = typename Gemm::GemmKernel::StrideC;
+  using StrideD = typename Gemm::GemmKernel::StrideD;
+  const typename Kernel::StrideA stride_a{cute::_1{}, lda, int64_t{0}};
+  typename Kernel::StrideB stride_b{};
+  cute::get<0>(stride_b) = ldb;
+  StrideC stride_c{};
+  StrideD stride_d{};
+  cute::get<1>(stride_c) = ldc;
+  cute::get<1>(stride_d) = ldc;
+  cutlass::KernelHardwareInfo hw_info;
+  hw_info.device_id = 0;
+  (void)cudaGetDevice(&hw_info.device_id);
+  hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
+  return typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
+                                  {int(m), int(n), int(k), 1},
+                                  {reinterpret_cast<const uint32_t*>(a), stride_a, reinterpret_cast<const uint32_t*>(b),
+                                   stride_b},
+                                  {{1.0f, 0.0f}, nullptr, stride_c, c, stride_d},
+                                  hw_info};
+}
+
+}  // namespace
+}  // namespace detail
+
+std::size_t gemm_3xtf32_mn_major_a_workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  float* const stand_in = reinterpret_cast<float*>(std::uintptr_t{256});
+  return detail::Kernel::Gemm::get_workspace_size(detail::plain_gemm_arguments(m, n, k, stand_in, m, stand_in, k, stand_in, m));
+}
+
+Status gemm_3xtf32_mn_major_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                              float* c, int64_t ldc, void* workspace, cudaStream_t stream) {
+  using Gemm = typename detail::Kernel::Gemm;
+  typename Gemm::Arguments args = detail::plain_gemm_arguments(m, n, k, a, lda, b, ldb, c, ldc);
+  Gemm gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess)
+    return {StatusCode::kNotSupported, "3xTF32 GEMM (MN-major A): CUTLASS can_implement rejected the problem"};
+  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
+    return {StatusCode::kCudaError, "3xTF32 GEMM (MN-major A): initialisation failed"};
+  if (gemm.run(stream) != cutlass::Status::kSuccess)
+    return {StatusCode::kCudaError, "3xTF32 GEMM (MN-major A): kernel launch failed"};
+  return Status::Ok();
+}
+
+}  // namespace fused::sm90
