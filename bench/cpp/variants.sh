@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Variants of one sm90 kernel TU in one GPU session: after `bash tools/device_check.sh build`, each
+# variant recompiles that TU with extra flags (e.g. -D switches the source reads with #ifndef
+# defaults), swaps the object into a copy of libfused_sm90.a, links its own bench_sm90_gemm_stats
+# and test_sm90_gemm_stats, then times it and runs the gtests. The variants compile in parallel while
+# the unchanged build is timed.
+#   VARIANTS="name:-DFLAG=1 -DOTHER=2;name2:-DFLAG=2" bash bench/cpp/variants.sh [TU] [bench args]
+#     TU:         the source under src/kernels/sm90/ (default gemm_stats_sm90_3xtf32_128x128.cu)
+#     bench args: bench_sm90_gemm_stats's (default 1024 8192 8192 50)
+#     RUNS:       timed runs per variant (default 2); BENCH_GREP: bench lines kept (default 3xtf32);
+#     GTEST_FILTER: the gtests run per variant (default *3xTf32*).
+set -uo pipefail
+cd "$(dirname "$0")/../../build-device" || { echo "no build-device/: run tools/device_check.sh build first"; exit 2; }
+TU=${1:-gemm_stats_sm90_3xtf32_128x128.cu}
+shift $(( $# > 0 ? 1 : 0 ))
+BENCH_ARGS=${*:-1024 8192 8192 50}
+RUNS=${RUNS:-2}
+BENCH_GREP=${BENCH_GREP:-3xtf32}
+GTEST_FILTER=${GTEST_FILTER:-*3xTf32*}
+OBJ=CMakeFiles/fused_sm90.dir/src/kernels/sm90/$TU.o
+compile=$(ninja -t commands "$OBJ" | tail -1)
+[ -n "$compile" ] || { echo "no compile command for $OBJ"; exit 2; }
+link_bench=$(ninja -t commands bench_sm90_gemm_stats | tail -1)
+link_test=$(ninja -t commands test_sm90_gemm_stats | tail -1)
+
+names=()
+IFS=';' read -ra specs <<<"${VARIANTS:-}"
+for spec in "${specs[@]}"; do
+  name=${spec%%:*}; flags=${spec#*:}
+  [ -n "$name" ] || continue
+  names+=("$name")
+  dir=/tmp/variant_$name
+  (
+    mkdir -p "$dir"
+    eval "$(echo "$compile" | sed "s# -o [^ ]*\.o# -o $dir/$TU.o $flags#")" >"$dir/compile.log" 2>&1 \
+      || { echo "variant $name: compile failed"; tail -5 "$dir/compile.log"; exit 1; }
+    cp libfused_sm90.a "$dir/lib.a" && ar r "$dir/lib.a" "$dir/$TU.o"
+    eval "$(echo "$link_bench" | sed "s#libfused_sm90.a#$dir/lib.a#g; s# -o bench_sm90_gemm_stats# -o $dir/bench#")" \
+      >"$dir/link.log" 2>&1 || echo "variant $name: bench link failed"
+    eval "$(echo "$link_test" | sed "s#libfused_sm90.a#$dir/lib.a#g; s# -o test_sm90_gemm_stats# -o $dir/test#")" \
+      >>"$dir/link.log" 2>&1 || echo "variant $name: test link failed"
+  ) &
+done
+
+for i in $(seq "$RUNS"); do
+  echo "base: $(./bench_sm90_gemm_stats $BENCH_ARGS 2>&1 | grep "$BENCH_GREP" | cut -c1-100)"
+done
+wait
+status=0
+for name in "${names[@]}"; do
+  dir=/tmp/variant_$name
+  [ -x "$dir/bench" ] || { status=1; continue; }
+  for i in $(seq "$RUNS"); do echo "$name: $("$dir/bench" $BENCH_ARGS 2>&1 | grep "$BENCH_GREP" | cut -c1-100)"; done
+  if [ -x "$dir/test" ]; then
+    echo "$name gtests: $("$dir/test" --gtest_filter="$GTEST_FILTER" 2>&1 | grep -E "^\[  (PASSED|FAILED)" | tr '\n' ' ')"
+  fi
+done
+exit $status
