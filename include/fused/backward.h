@@ -114,6 +114,15 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
 std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k);
 Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                    int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream);
+#if defined(FUSED_3XTF32_MN_A)
+// Experimental (built with -DFUSED_3XTF32_MN_A_EXPERIMENT=ON, not yet run on a GPU): c (m, n) =
+// a (m, k) b^T with a MN-major (a(m, k) at a[m + k * lda]) and c column-major (c(m, n) at
+// c[m + n * ldc]); b as above. dx = dy W is m = K, n = M, k = N, a = W as stored, b = dy, c = dx:
+// no transposed copy of W. m, lda, ldb and ldc multiples of 4, 16-byte aligned pointers.
+std::size_t gemm_3xtf32_mn_major_a_workspace_bytes(int64_t m, int64_t n, int64_t k);
+Status gemm_3xtf32_mn_major_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                              float* c, int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream);
+#endif
 }  // namespace cuda
 
 }  // namespace fused

@@ -6,6 +6,9 @@
 #if defined(FUSED_WITH_SM90)
 #include "kernels/sm90/gemm_stats_sm90.h"
 #endif
+#if defined(FUSED_3XTF32_MN_A)
+#include "kernels/sm90/gemm_3xtf32_mn_major_a.h"
+#endif
 
 namespace fused::cuda {
 namespace {
@@ -20,6 +23,14 @@ sm90::GemmStatsArgs plain_gemm_args(int64_t m, int64_t n, int64_t k, const float
   args.y = c; args.ldy = ldc;
   args.tile = sm90::k3xTf32Tile;  // partials and bias stay null: no statistics, no bias
   return args;
+}
+
+Status require_hopper() {
+  int device = 0, major = 0;
+  FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice failed"));
+  FUSED_RETURN_IF_ERROR(util::compute_capability_major(device, major));
+  if (major != 9) return {StatusCode::kNotSupported, "3xTF32 GEMM: the GPU is not compute capability 9.x (Hopper)"};
+  return Status::Ok();
 }
 #endif
 
@@ -38,10 +49,7 @@ std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k) {
 Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                    int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream) {
 #if defined(FUSED_WITH_SM90)
-  int device = 0, major = 0;
-  FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice failed"));
-  FUSED_RETURN_IF_ERROR(util::compute_capability_major(device, major));
-  if (major != 9) return {StatusCode::kNotSupported, "3xTF32 GEMM: the GPU is not compute capability 9.x (Hopper)"};
+  FUSED_RETURN_IF_ERROR(require_hopper());
   if (workspace_size < gemm_3xtf32_workspace_bytes(m, n, k))
     return {StatusCode::kInvalidArgument, "3xTF32 GEMM: workspace smaller than gemm_3xtf32_workspace_bytes()"};
   return sm90::run_gemm_stats(ElementType::kFloat32, MatmulPrecision::k3xTF32,
@@ -52,5 +60,19 @@ Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
   return {StatusCode::kNotSupported, "3xTF32 GEMM: this build holds no sm90 kernels"};
 #endif
 }
+
+#if defined(FUSED_3XTF32_MN_A)
+std::size_t gemm_3xtf32_mn_major_a_workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  return sm90::gemm_3xtf32_mn_major_a_workspace_bytes(m, n, k);
+}
+
+Status gemm_3xtf32_mn_major_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                              float* c, int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream) {
+  FUSED_RETURN_IF_ERROR(require_hopper());
+  if (workspace_size < gemm_3xtf32_mn_major_a_workspace_bytes(m, n, k))
+    return {StatusCode::kInvalidArgument, "3xTF32 GEMM: workspace smaller than gemm_3xtf32_mn_major_a_workspace_bytes()"};
+  return sm90::gemm_3xtf32_mn_major_a(m, n, k, a, lda, b, ldb, c, ldc, workspace, stream);
+}
+#endif
 
 }  // namespace fused::cuda

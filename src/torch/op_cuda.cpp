@@ -132,9 +132,32 @@ void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::
                    "gemm_bn_softmax_backward (CUDA, 3xTF32 GEMM)");
     if (!direct) out.copy_(c);
   };
-  if (m[kGradX]) {  // dx (M, K) = dy (M, N) [W^T (K, N)]^T
+  if (m[kGradX]) {
+#if defined(FUSED_3XTF32_MN_A)
+    // Experimental: dx^T (K, M) = W^T dy^T with W read as stored (an MN-major A) and dx written
+    // column-major, i.e. dx row-major: no transposed copy of W.
+    at::Tensor& dx = std::get<kGradX>(grads);
+    if (M > 0 && K > 0) {
+      if (N == 0) {
+        dx.zero_();
+      } else {
+        const at::Tensor w = a.weight->to(at::kFloat).contiguous();
+        const bool direct = dx.scalar_type() == at::kFloat && dx.stride(1) == 1 && dx.stride(0) % 4 == 0;
+        at::Tensor c = direct ? dx : at::empty({M, K}, dy.options().dtype(at::kFloat));
+        const std::size_t ws_bytes = cuda::gemm_3xtf32_mn_major_a_workspace_bytes(K, M, N);
+        at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, dy.options().dtype(at::kByte));
+        throw_on_error(cuda::gemm_3xtf32_mn_major_a(K, M, N, w.data_ptr<float>(), w.stride(0), dy.data_ptr<float>(),
+                                                    dy.stride(0), c.data_ptr<float>(), c.stride(0),
+                                                    workspace.data_ptr(), ws_bytes, stream),
+                       "gemm_bn_softmax_backward (CUDA, 3xTF32 GEMM, MN-major A)");
+        if (!direct) dx.copy_(c);
+      }
+    }
+#else
+    // dx (M, K) = dy (M, N) [W^T (K, N)]^T
     const at::Tensor w_t = a.weight->to(at::kFloat).t().contiguous();
     gemm(std::get<kGradX>(grads), M, K, N, dy, w_t);
+#endif
   }
   if (m[kGradWeight]) {  // dW (N, K) = dy^T (N, M) [x^T (K, M)]^T
     const int64_t ld = dy_t.defined() ? dy_t.size(1) : M;
