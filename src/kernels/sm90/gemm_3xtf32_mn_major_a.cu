@@ -46,8 +46,9 @@ struct Gemm3xTf32MnMajorA {
 
 using Kernel = Gemm3xTf32MnMajorA;
 
-typename Kernel::Gemm::Arguments plain_gemm_arguments(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                                                const float* b, int64_t ldb, float* c, int64_t ldc) {
+// The GEMM's arguments, or the error of the device query (the per-device SM count cache).
+Status plain_gemm_arguments(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                            float* c, int64_t ldc, typename Kernel::Gemm::Arguments& out) {
   using Gemm = typename Kernel::Gemm;
   using StrideC = typename Gemm::GemmKernel::StrideC;
   using StrideD = typename Gemm::GemmKernel::StrideD;
@@ -59,15 +60,16 @@ typename Kernel::Gemm::Arguments plain_gemm_arguments(int64_t m, int64_t n, int6
   cute::get<1>(stride_c) = ldc;
   cute::get<1>(stride_d) = ldc;
   cutlass::KernelHardwareInfo hw_info;
-  hw_info.device_id = 0;
-  (void)cudaGetDevice(&hw_info.device_id);
-  hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
-  return typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
-                                  {int(m), int(n), int(k), 1},
-                                  {reinterpret_cast<const uint32_t*>(a), stride_a, reinterpret_cast<const uint32_t*>(b),
-                                   stride_b},
-                                  {{1.0f, 0.0f}, nullptr, stride_c, c, stride_d},
-                                  hw_info};
+  if (cudaGetDevice(&hw_info.device_id) != cudaSuccess)
+    return {StatusCode::kCudaError, "3xTF32 GEMM (MN-major A): cudaGetDevice failed"};
+  FUSED_RETURN_IF_ERROR(cuda::util::sm_count(hw_info.device_id, hw_info.sm_count));
+  out = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
+                                 {int(m), int(n), int(k), 1},
+                                 {reinterpret_cast<const uint32_t*>(a), stride_a, reinterpret_cast<const uint32_t*>(b),
+                                  stride_b},
+                                 {{1.0f, 0.0f}, nullptr, stride_c, c, stride_d},
+                                 hw_info};
+  return Status::Ok();
 }
 
 }  // namespace
@@ -75,13 +77,18 @@ typename Kernel::Gemm::Arguments plain_gemm_arguments(int64_t m, int64_t n, int6
 
 std::size_t gemm_3xtf32_mn_major_a_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   float* const stand_in = reinterpret_cast<float*>(std::uintptr_t{256});
-  return detail::Kernel::Gemm::get_workspace_size(detail::plain_gemm_arguments(m, n, k, stand_in, m, stand_in, k, stand_in, m));
+  typename detail::Kernel::Gemm::Arguments args;
+  if (!detail::plain_gemm_arguments(m, n, k, stand_in, m, stand_in, k, stand_in, m, args).ok()) return 0;
+  return detail::Kernel::Gemm::get_workspace_size(args);
 }
 
 Status gemm_3xtf32_mn_major_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
                               float* c, int64_t ldc, void* workspace, cudaStream_t stream) {
   using Gemm = typename detail::Kernel::Gemm;
-  typename Gemm::Arguments args = detail::plain_gemm_arguments(m, n, k, a, lda, b, ldb, c, ldc);
+  typename Gemm::Arguments args;
+  FUSED_RETURN_IF_ERROR(detail::plain_gemm_arguments(m, n, k, a, lda, b, ldb, c, ldc, args));
+  // (Through CUTLASS's initialize(), which sets the shared-memory attribute on every call: the op's
+  // run_kernel in gemm_stats_sm90.cuh sets it once per device; share that launch when this runs.)
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess)
     return {StatusCode::kNotSupported, "3xTF32 GEMM (MN-major A): CUTLASS can_implement rejected the problem"};
