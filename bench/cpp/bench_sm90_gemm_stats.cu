@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -72,12 +73,19 @@ int main(int argc, char** argv) {
     }, three ? 5 : iters);
 #endif
     cudaError_t e = cudaDeviceSynchronize();
+    // A fingerprint of y's bits from our kernel (before cuBLAS overwrote y): variants of a kernel that
+    // must compute the same bits (bench/cpp/variants.sh) can be compared by it.
+    run(a);
+    std::vector<uint32_t> y_host(static_cast<size_t>(M * N));
+    cudaMemcpy(y_host.data(), y, M * N * 4, cudaMemcpyDeviceToHost);
+    uint64_t y_bits = 1469598103934665603ull;  // FNV-1a
+    for (uint32_t v : y_host) y_bits = (y_bits ^ v) * 1099511628211ull;
     double flop = 2.0 * M * N * K;
     std::printf("%s M=%lld N=%lld K=%lld: gemm+stats %.4f ms (%.0f TFLOP/s) | gemm+bias, no stats %.4f ms (%.0f) | "
-                "cuBLAS %s, fp32 out %.4f ms (%.0f) | stats overhead %+.1f%% | %s\n",
+                "cuBLAS %s, fp32 out %.4f ms (%.0f) | stats overhead %+.1f%% | y bits %016llx | %s\n",
                 names[mode], (long long)M, (long long)N, (long long)K, t_stats, flop / t_stats / 1e9,
                 t_eval, flop / t_eval / 1e9, three ? "exact fp32" : names[mode], t_cublas, flop / t_cublas / 1e9,
-                100.0 * (t_stats / t_eval - 1.0), cudaGetErrorString(e));
+                100.0 * (t_stats / t_eval - 1.0), (unsigned long long)y_bits, cudaGetErrorString(e));
   }
   return 0;
 }

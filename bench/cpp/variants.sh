@@ -42,15 +42,17 @@ for spec in "${specs[@]}"; do
   ) &
 done
 
+# The timing and the fingerprint of y's bits (equal bits: equal fingerprints).
+summary() { grep "$BENCH_GREP" | sed -E 's/^(.{0,100}).*(y bits [0-9a-f]+).*/\1 ... \2/'; }
 for i in $(seq "$RUNS"); do
-  echo "base: $(./bench_sm90_gemm_stats $BENCH_ARGS 2>&1 | grep "$BENCH_GREP" | cut -c1-100)"
+  echo "base: $(./bench_sm90_gemm_stats $BENCH_ARGS 2>&1 | summary)"
 done
 wait
 status=0
 for name in "${names[@]}"; do
   dir=/tmp/variant_$name
   [ -x "$dir/bench" ] || { status=1; continue; }
-  for i in $(seq "$RUNS"); do echo "$name: $("$dir/bench" $BENCH_ARGS 2>&1 | grep "$BENCH_GREP" | cut -c1-100)"; done
+  for i in $(seq "$RUNS"); do echo "$name: $("$dir/bench" $BENCH_ARGS 2>&1 | summary)"; done
   if [ -x "$dir/test" ]; then
     echo "$name gtests: $("$dir/test" --gtest_filter="$GTEST_FILTER" 2>&1 | grep -E "^\[  (PASSED|FAILED)" | tr '\n' ' ')"
   fi
