@@ -105,24 +105,16 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
 Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_dot,
                             void* workspace, std::size_t workspace_size, cudaStream_t stream);
 
-// The backward's GEMMs at precision k3xTF32, on the forward's 3xTF32 kernel (no statistics, no
-// bias): c (m, n) = a (m, k) b^T, with a and b (n, k) row-major fp32, both K-major as TF32 tensor
-// cores need them. dx = dy W is a = dy, b = W^T (K, N); dW = dy^T x is a = dy^T (the dy pass writes
-// it), b = x^T (K, M). Needs the sm90 build and a Hopper GPU, k, lda, ldb, n and ldc multiples of 4
-// (zero-padded columns extend k at no cost to the result), 16-byte aligned pointers; else
-// kNotSupported with the reason, nothing launched. m, n, k > 0.
+// The backward's GEMMs at precision k3xTF32: c (m, n) = a (m, k) b (k, n), all three row-major
+// fp32, each operand read where it is (no transposed copies): dx = dy W is a = dy, b = W;
+// dW = dy^T x is a = dy^T (the dy pass writes it), b = x. fp32-grade accuracy on TF32 tensor cores
+// (the forward's 3xTF32 mainloop, without statistics or bias). Needs the sm90 build and a Hopper
+// GPU, n, k, lda, ldb and ldc multiples of 4, 16-byte aligned pointers; else kNotSupported with
+// the reason, nothing launched. m, n, k > 0. (A k that is not a multiple of 4 can be padded: zero
+// columns in a and zero rows in b add nothing.)
 std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k);
 Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                    int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream);
-#if defined(FUSED_3XTF32_MN_A)
-// Experimental (built with -DFUSED_3XTF32_MN_A_EXPERIMENT=ON, not yet run on a GPU): c (m, n) =
-// a (m, k) b^T with a MN-major (a(m, k) at a[m + k * lda]) and c column-major (c(m, n) at
-// c[m + n * ldc]); b as above. dx = dy W is m = K, n = M, k = N, a = W as stored, b = dy, c = dx:
-// no transposed copy of W. m, lda, ldb and ldc multiples of 4, 16-byte aligned pointers.
-std::size_t gemm_3xtf32_mn_major_a_workspace_bytes(int64_t m, int64_t n, int64_t k);
-Status gemm_3xtf32_mn_major_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                              float* c, int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream);
-#endif
 }  // namespace cuda
 
 }  // namespace fused

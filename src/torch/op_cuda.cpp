@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cublas_gemm.h"
 #include "fused/backward.h"
@@ -108,63 +109,44 @@ cuda::GemmPath choose(const OpArgs& a, const ForwardBuffers& b) {
   return path;
 }
 
-// dx = dy W and dW = dy^T x through the 3xTF32 kernel (c = a b^T, both operands K-major): b = W^T
-// for dx; a = dy^T (padded by the dy pass) and b = x^T, zero-padded alike, for dW. A gradient that
-// is not a dense fp32 matrix is computed into one and copied.
+// dx = dy W and dW = dy^T x through the 3xTF32 GEMM, c = a b with row-major operands read where
+// they are: dy and W for dx; dy^T (written by the dy pass, its rows zero-padded to a multiple of 4
+// columns) and x for dW. A gradient that is not a dense fp32 matrix is computed into one and copied.
 void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::Tensor& dy_t, Grads& grads,
                          cudaStream_t stream) {
   const auto& m = a.output_mask;
   const int64_t M = a.M(), N = a.N(), K = m[kGradX] ? a.weight->size(1) : a.x->size(1);
-  auto gemm = [&](at::Tensor& out, int64_t rows, int64_t cols, int64_t k, const at::Tensor& lhs,
-                  const at::Tensor& rhs) {
+  // out (rows, cols) = lhs (rows, inner) rhs (inner, cols)
+  auto gemm = [&](at::Tensor& out, int64_t inner, const at::Tensor& lhs, const at::Tensor& rhs) {
+    const int64_t rows = out.size(0), cols = out.size(1);
     if (rows == 0 || cols == 0) return;
-    if (k == 0 || M == 0) {
+    if (inner == 0) {
       out.zero_();
       return;
     }
     const bool direct = out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.stride(0) % 4 == 0;
     at::Tensor c = direct ? out : at::empty({rows, cols}, lhs.options().dtype(at::kFloat));
-    const std::size_t ws_bytes = cuda::gemm_3xtf32_workspace_bytes(rows, cols, k);
+    const std::size_t ws_bytes = cuda::gemm_3xtf32_workspace_bytes(rows, cols, inner);
     at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, lhs.options().dtype(at::kByte));
-    throw_on_error(cuda::gemm_3xtf32(rows, cols, k, lhs.data_ptr<float>(), lhs.stride(0), rhs.data_ptr<float>(),
+    throw_on_error(cuda::gemm_3xtf32(rows, cols, inner, lhs.data_ptr<float>(), lhs.stride(0), rhs.data_ptr<float>(),
                                      rhs.stride(0), c.data_ptr<float>(), c.stride(0), workspace.data_ptr(), ws_bytes,
                                      stream),
                    "gemm_bn_softmax_backward (CUDA, 3xTF32 GEMM)");
     if (!direct) out.copy_(c);
   };
-  if (m[kGradX]) {
-#if defined(FUSED_3XTF32_MN_A)
-    // Experimental: dx^T (K, M) = W^T dy^T with W read as stored (an MN-major A) and dx written
-    // column-major, i.e. dx row-major: no transposed copy of W.
-    at::Tensor& dx = std::get<kGradX>(grads);
-    if (M > 0 && K > 0) {
-      if (N == 0) {
-        dx.zero_();
-      } else {
-        const at::Tensor w = a.weight->to(at::kFloat).contiguous();
-        const bool direct = dx.scalar_type() == at::kFloat && dx.stride(1) == 1 && dx.stride(0) % 4 == 0;
-        at::Tensor c = direct ? dx : at::empty({M, K}, dy.options().dtype(at::kFloat));
-        const std::size_t ws_bytes = cuda::gemm_3xtf32_mn_major_a_workspace_bytes(K, M, N);
-        at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, dy.options().dtype(at::kByte));
-        throw_on_error(cuda::gemm_3xtf32_mn_major_a(K, M, N, w.data_ptr<float>(), w.stride(0), dy.data_ptr<float>(),
-                                                    dy.stride(0), c.data_ptr<float>(), c.stride(0),
-                                                    workspace.data_ptr(), ws_bytes, stream),
-                       "gemm_bn_softmax_backward (CUDA, 3xTF32 GEMM, MN-major A)");
-        if (!direct) dx.copy_(c);
-      }
-    }
-#else
-    // dx (M, K) = dy (M, N) [W^T (K, N)]^T
-    const at::Tensor w_t = a.weight->to(at::kFloat).t().contiguous();
-    gemm(std::get<kGradX>(grads), M, K, N, dy, w_t);
-#endif
-  }
-  if (m[kGradWeight]) {  // dW (N, K) = dy^T (N, M) [x^T (K, M)]^T
+  // An fp32 operand as the kernel's TMA reads it in place (the forward's operands always are), else a
+  // dense copy.
+  auto readable = [](const at::Tensor& t) {
+    const at::Tensor f = t.to(at::kFloat);
+    const bool in_place = is_row_major(f) && f.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(f.data_ptr()) % 16 == 0;
+    return in_place ? f : f.contiguous();
+  };
+  if (m[kGradX]) gemm(std::get<kGradX>(grads), N, dy, readable(*a.weight));  // dx (M, K)
+  if (m[kGradWeight]) {  // dW (N, K) over dy^T's padded columns: x gets as many rows, the extra ones zero
     const int64_t ld = dy_t.defined() ? dy_t.size(1) : M;
-    at::Tensor x_t = at::empty({K, ld}, a.x->options().dtype(at::kFloat));
-    if (ld != M) x_t.narrow(1, M, ld - M).zero_();
-    x_t.narrow(1, 0, M).copy_(a.x->t());
-    gemm(std::get<kGradWeight>(grads), N, K, ld, dy_t, x_t);
+    at::Tensor x = readable(*a.x);
+    if (ld != M) x = at::cat({x, at::zeros({ld - M, K}, x.options())});
+    gemm(std::get<kGradWeight>(grads), ld, dy_t, x);
   }
 }
 

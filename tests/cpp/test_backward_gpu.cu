@@ -283,16 +283,17 @@ TEST(BackwardGpuDataParallel, RankSplitMatchesTheWholeBatch) {
   for (double v : summed(gbias)) ASSERT_EQ(v, 0.0);
 }
 
-// The backward's 3xTF32 GEMM (fused::cuda::gemm_3xtf32): c = a b^T on row strides wider than the rows,
-// against float64 and a sequential fp32 dot product (the same operands, N(0,1)): no less accurate
-// than exact fp32 at K = 1028, the elements outside c's rows left as they were; its refusals
-// (unaligned K, too small a workspace, a GPU that is not Hopper) launch nothing.
+// The backward's 3xTF32 GEMM (fused::cuda::gemm_3xtf32): c = a b, row-major, on row strides wider
+// than the rows, against float64 and a sequential fp32 dot product (the same operands, N(0,1)): no
+// less accurate than exact fp32 at K = 1028, the elements outside c's rows left as they were; its
+// refusals (unaligned K, a row stride shorter than its row, too small a workspace, a GPU that is not
+// Hopper) launch nothing.
 TEST(BackwardGemm3xTf32, MatchesFloat64AndRefusesWhatItCannotRun) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const int64_t m = 130, n = 68, k = 1028, lda = 1032, ldb = 1036, ldc = 72;
+  const int64_t m = 130, n = 68, k = 1028, lda = 1032, ldb = 76, ldc = 72;
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> a(m * lda), b(n * ldb);
+  std::vector<float> a(m * lda), b(k * ldb);
   for (auto& v : a) v = normal(rng);
   for (auto& v : b) v = normal(rng);
   Device da(a), db(b), dc(size_t(m * ldc) * sizeof(float));  // c poisoned: NaN
@@ -310,6 +311,7 @@ TEST(BackwardGemm3xTf32, MatchesFloat64AndRefusesWhatItCannotRun) {
     GTEST_SKIP() << "not a Hopper GPU: refusal checked";
   }
   EXPECT_EQ(run(k - 2, ws_bytes).code, StatusCode::kNotSupported);  // K not a multiple of 4
+  EXPECT_EQ(run(lda + 4, ws_bytes).code, StatusCode::kInvalidArgument);  // a's rows longer than lda
   if (ws_bytes > 0) EXPECT_EQ(run(k, ws_bytes - 1).code, StatusCode::kInvalidArgument);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (float v : dc.get<float>()) ASSERT_TRUE(std::isnan(v)) << "a refused call wrote c";
@@ -318,9 +320,11 @@ TEST(BackwardGemm3xTf32, MatchesFloat64AndRefusesWhatItCannotRun) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> c = dc.get<float>();
   double e3 = 0, e32 = 0, r = 0;
+  std::vector<float> b_column(k);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      const test::DotReferences ref = test::dot_references(&a[i * lda], &b[j * ldb], k);
+      for (int64_t p = 0; p < k; ++p) b_column[p] = b[p * ldb + j];
+      const test::DotReferences ref = test::dot_references(&a[i * lda], b_column.data(), k);
       const double want = ref.float64;
       const float exact32 = ref.fp32;
       e3 += (c[i * ldc + j] - want) * (c[i * ldc + j] - want);

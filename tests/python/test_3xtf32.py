@@ -130,3 +130,25 @@ def test_module_training_step_in_3xtf32():
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(p).all() for p in mod.parameters())
     assert int(mod.bn.num_batches_tracked) == 1
+
+
+@requires_hopper
+def test_backward_makes_no_transposed_copies():
+    # The backward's 3xTF32 GEMMs read W and x as stored. A transposed copy of W (64 MiB here) would
+    # show in the peak: allowed are the gradients themselves, dy and dy^T (4 MiB each) and workspaces.
+    m, n, k = 256, 4096, 4096
+    torch.manual_seed(5)
+    mod = gbs.FusedGemmBNSoftmax(k, n, precision="3xtf32").cuda().train()
+    x = torch.randn(m, k, device="cuda", requires_grad=True)
+    out = mod(x)
+    grad_out = torch.randn_like(out)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out.backward(grad_out)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    gradients = sum(p.numel() * 4 for p in mod.parameters()) + x.numel() * 4
+    mib = 1 << 20
+    print(f"\nbackward peak above its inputs: {extra / mib:.1f} MiB, of which gradients {gradients / mib:.1f} MiB")
+    assert extra <= gradients + 3 * m * n * 4 + 2 * mib

@@ -233,23 +233,19 @@ std::size_t kernel_workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sche
   return Gemm::get_workspace_size(args);
 }
 
-template <class KC>
-Status run_kernel(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, const SchedulerOptions& sched = {}) {
-  using Gemm = typename KC::Gemm;
-  typename Gemm::Arguments args;
-  Status st = make_arguments<KC>(a, sched, args);
-  if (!st.ok()) return st;
-
+// Launches a CUTLASS sm90 GEMM (GemmUniversalAdapter `Gemm`) from its arguments: can_implement, the
+// workspace, then what Gemm::initialize() and run() do, except that the kernel's shared-memory size
+// is set once per device (initialize() sets it on every call, a driver call of a few microseconds on
+// the op's host path).
+template <class Gemm>
+Status launch_gemm(const typename Gemm::Arguments& args, void* workspace, cudaStream_t stream) {
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
-    return {StatusCode::kNotSupported, "sm90 gemm_stats: CUTLASS can_implement rejected the problem"};
+    return {StatusCode::kNotSupported, "sm90 GEMM: CUTLASS can_implement rejected the problem"};
   if (Gemm::get_workspace_size(args) > 0 && workspace == nullptr)
-    return {StatusCode::kInvalidArgument, "sm90 gemm_stats: workspace required (gemm_workspace_bytes)"};
-
-  // What Gemm::initialize() does, except that the kernel's shared-memory size is set once per device:
-  // initialize() sets it on every call, a driver call of a few microseconds on the op's host path.
+    return {StatusCode::kInvalidArgument, "sm90 GEMM: workspace required (its workspace_bytes function)"};
   using GemmKernel = typename Gemm::GemmKernel;
   if (GemmKernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess)
-    return {StatusCode::kCudaError, "sm90 gemm_stats: CUTLASS workspace initialisation failed"};
+    return {StatusCode::kCudaError, "sm90 GEMM: CUTLASS workspace initialisation failed"};
   const int smem_set = cuda::util::detail::cached_per_device(args.hw_info.device_id, [](int) {
     constexpr int kSmemBytes = GemmKernel::SharedStorageSize;
     if (kSmemBytes >= (48 << 10) && cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
@@ -260,13 +256,21 @@ Status run_kernel(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, 
     }
     return 1;
   });
-  if (smem_set <= 0) return {StatusCode::kCudaError, "sm90 gemm_stats: cudaFuncSetAttribute(shared memory) failed"};
+  if (smem_set <= 0) return {StatusCode::kCudaError, "sm90 GEMM: cudaFuncSetAttribute(shared memory) failed"};
   typename Gemm::Params params = GemmKernel::to_underlying_arguments(args, workspace);
-  // A programmatic dependent launch (the kernel is built with CUTLASS_ENABLE_GDC_FOR_SM90: its
-  // loads wait for the previous kernel, and its last tiles let finalize launch early).
+  // A programmatic dependent launch (the kernels are built with CUTLASS_ENABLE_GDC_FOR_SM90: their
+  // loads wait for the previous kernel, and their last tiles let the next kernel launch early).
   if (Gemm::run(params, stream, nullptr, cuda::util::current_device_has_pdl()) != cutlass::Status::kSuccess)
-    return {StatusCode::kCudaError, "sm90 gemm_stats: kernel launch failed"};
+    return {StatusCode::kCudaError, "sm90 GEMM: kernel launch failed"};
   return Status::Ok();
+}
+
+template <class KC>
+Status run_kernel(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, const SchedulerOptions& sched = {}) {
+  typename KC::Gemm::Arguments args;
+  Status st = make_arguments<KC>(a, sched, args);
+  if (!st.ok()) return st;
+  return launch_gemm<typename KC::Gemm>(args, workspace, stream);
 }
 
 template <class ElementIn, class Config = DefaultConfig>

@@ -49,29 +49,11 @@ namespace fused::sm90::detail {
 
 using namespace cute;
 
-#ifndef FUSED_3XTF32_SPLIT_N
-#define FUSED_3XTF32_SPLIT_N 1
-#endif
-
-// Slots of the ring of B's small parts, each a stage of B (Mainloop3xTf32::mma says why).
-constexpr int kSmallSlots3xTf32 = FUSED_3XTF32_SPLIT_N ? 3 : 2;
-
-// The ring's bytes (Mainloop3xTf32 asserts its storage is this size).
+// The ring of B's small parts: two stages of B (Mainloop3xTf32 asserts its storage is this size).
 template <class TileShape>
 constexpr int small_ring_bytes_3xtf32() {
-  return kSmallSlots3xTf32 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
+  return 2 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
 }
-
-// The consumers' register-sourced TF32 TiledMma for a CTA tile: the kernel's warpgroup tiling (along
-// M) with the RS atom of the tile's N.
-template <class TileShape, int kWarpGroups>
-using TiledMmaRs3xTf32 = decltype(make_tiled_mma(GMMA::rs_op_selector<tfloat32_t, tfloat32_t, float, TileShape>(),
-                                                 Layout<Shape<Int<kWarpGroups>, _1, _1>>{}));
-
-// The same with half the tile's N: the k-loop's two accumulators, one per n half.
-template <class TileShape>
-using HalfNTileShape3xTf32 =
-    Shape<decltype(get<0>(TileShape{})), Int<int(size<1>(TileShape{})) / 2>, decltype(get<2>(TileShape{}))>;
 
 // What one sm90 CTA may use (227 KiB).
 constexpr int kSm90SharedMemoryBytes = 232448;
@@ -110,16 +92,15 @@ struct Mainloop3xTf32 : Base {
   static constexpr int kMmaWarpGroups = kMmaThreads / kWarpGroupThreads;
   // The consumers' TiledMma: the base's warpgroup tiling with the register-sourced TF32 atom. The
   // accumulator layout is the same, so the kernel's accumulators and epilogue apply unchanged.
-  using TiledMmaRegisterA = TiledMmaRs3xTf32<TileShape, kMmaWarpGroups>;
-  using HalfTileShape = HalfNTileShape3xTf32<TileShape>;
-  using TiledMmaHalfN = TiledMmaRs3xTf32<HalfTileShape, kMmaWarpGroups>;
+  using TiledMmaRegisterA = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<tfloat32_t, tfloat32_t, float, TileShape>(), Layout<Shape<Int<kMmaWarpGroups>, _1, _1>>{}));
   static_assert(int(size(TiledMmaRegisterA{})) == kMmaThreads &&
                     std::is_same_v<typename TiledMmaRegisterA::AtomLayoutC_TV, typename TiledMma::AtomLayoutC_TV>,
                 "the register-sourced TiledMma must keep the accumulator layout");
 
   // B's small parts: a ring of kSmallSlots stages, laid out as a pipeline stage of B, so element i of
   // the stage and of a slot are the same (n, k).
-  static constexpr int kSmallSlots = kSmallSlots3xTf32;
+  static constexpr int kSmallSlots = 2;
   using SmemLayoutStageB = decltype(tile_to_shape(SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}))));
   using SmemLayoutSmallB = decltype(tile_to_shape(
       SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}), Int<kSmallSlots>{})));
@@ -194,179 +175,6 @@ struct Mainloop3xTf32 : Base {
     return any != 0;
   }
 
-#if FUSED_3XTF32_SPLIT_N
-  // The consumers' k-loop (hides Base::mma): accum = A * B over k_tile_count k-tiles in 3xTF32.
-  // Releases every stage but the last, as Base::mma does, so Base::mma_tail applies unchanged.
-  //
-  // Each warpgroup's products of a k-tile go into two wgmma accumulators, one per half of the tile's
-  // N (n64 wgmma), issued as two groups; each half is promoted while the other half's products run,
-  // and the next k-tile is prepared (its B small parts, A's split, the barrier) while both run. So the
-  // tensor cores wait for the warpgroup only at the end of every second k-tile: ptxas serializes all
-  // wgmma of a loop that reads an accumulator while groups are pending across its back edge, so the
-  // loop body takes two k-tiles and ends with nothing pending.
-  // Per output element the products and promotions are those of one n128 accumulator, in the same
-  // order: the same bits.
-  template <class FrgTensorC>
-  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum, int k_tile_count,
-                          int thread_idx, TensorStorage& shared_tensors, Params const& /*mainloop_params*/) {
-    static_assert(is_rmem<FrgTensorC>::value, "C tensor must be rmem resident.");
-    const int warp_group_idx = __shfl_sync(0xFFFFFFFF, thread_idx / kWarpGroupThreads, 0);
-    Layout warp_group_thread_layout = make_layout(Int<kMmaWarpGroups>{}, Int<kWarpGroupThreads>{});
-
-    // A as raw fp32 words (the copy into registers reads them as they are).
-    Tensor sA = as_position_independent_swizzle_tensor(
-        make_tensor(make_smem_ptr(reinterpret_cast<float*>(shared_tensors.smem_A.data())), SmemLayoutA{}));  // (BLK_M,BLK_K,PIPE)
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});                 // (BLK_N,BLK_K,PIPE)
-    Tensor sB_small = make_tensor(make_smem_ptr(shared_tensors.smem_B_small.data()), SmemLayoutSmallB{});  // (..,SLOT)
-
-    TiledMmaHalfN tiled_mma;
-    auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
-    auto warp_group_mma = tiled_mma.get_slice(warp_group_thread_layout(warp_group_idx));
-    // A's big and small parts, two buffers: k-tile t + 1 is split into one while t's products read
-    // the other.
-    Tensor tCrA_big0 = thread_mma.partition_fragment_A(sA(_, _, Int<0>{}));                    // (MMA,MMA_M,MMA_K)
-    Tensor tCrA_small0 = make_fragment_like(tCrA_big0);
-    Tensor tCrA_big1 = make_fragment_like(tCrA_big0);
-    Tensor tCrA_small1 = make_fragment_like(tCrA_big0);
-    Tensor tCrA_raw = make_fragment_like<float>(tCrA_big0);
-    auto smem_copy_A = make_tiled_copy_A(Copy_Atom<AutoVectorizingCopy, float>{}, tiled_mma);
-    auto smem_thread_copy_A = smem_copy_A.get_thread_slice(thread_idx);
-    Tensor tCsA_copy = smem_thread_copy_A.partition_S(sA);                                      // (CPY,CPY_M,CPY_K,PIPE)
-    Tensor tCrA_raw_copy = smem_thread_copy_A.retile_D(tCrA_raw);                               // (CPY,CPY_M,CPY_K)
-    Tensor tCrB = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB));              // (MMA,2,MMA_K,PIPE)
-    Tensor tCrB_small = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB_small));  // (MMA,2,MMA_K,SLOT)
-    static_assert(size<1>(tCrA_big0) == 1 && size<1>(tCrB) == 2, "one m64 row block per warpgroup, two n halves");
-    constexpr int kBlocks = size<2>(tCrA_big0);
-
-    // The wgmma accumulators of one k-tile, one per n half, promoted into accum after it. accum's
-    // first half of values is the first n half (tests/cpp/test_3xtf32_layouts.cu checks it).
-    Tensor partial_lo = partition_fragment_C(tiled_mma, take<0, 2>(HalfTileShape{}));         // (MMA,1,1)
-    Tensor partial_hi = make_fragment_like(partial_lo);
-    constexpr int kHalfValues = int(size(partial_lo));
-    static_assert(2 * kHalfValues == int(size(FrgTensorC{})), "two halves make the accumulator");
-    clear(accum);
-    auto promote = [&](auto& partial, int offset) {
-      warpgroup_fence_operand(partial);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kHalfValues; ++i) accum(offset + i) += partial(i);
-      warpgroup_fence_operand(partial);
-    };
-
-    // A k-tile as its products read it: its pipeline stage and its slot of B's small parts.
-    struct Prepared {
-      int stage;
-      int slot;
-    };
-    // Waits for k-tile t's stage; writes this thread's share of B's small parts into slot t % 3 and
-    // splits A into (big, small); meets the other MMA threads at the barrier that also ORs the inf /
-    // NaN flag. Slot t % 3's last readers, k-tile t - 3's products, every warpgroup saw complete
-    // before the barrier of k-tile t - 1 (with two slots, t - 2's would not be, see the loop); A's
-    // buffer was last read by k-tile t - 2's products, complete.
-    auto prepare = [&](int k_tile, auto& big, auto& small) __attribute__((always_inline)) {
-      auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
-      pipeline.consumer_wait(smem_pipe_read, barrier_token);
-      const Prepared p{smem_pipe_read.index(), k_tile % kSmallSlots};
-      ++smem_pipe_read;
-      float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + p.stage * kStageElementsB;
-      float* small_b = reinterpret_cast<float*>(shared_tensors.smem_B_small.data()) + p.slot * kStageElementsB;
-      float probe = write_small_parts_fast(raw_b, small_b, thread_idx);
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-      warpgroup_fence_operand(big);
-      warpgroup_fence_operand(small);
-      // A's split a k-block at a time (few registers live at once).
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        copy(smem_copy_A, tCsA_copy(_, _, k_block, p.stage), tCrA_raw_copy(_, _, k_block));
-        Tensor raw = tCrA_raw(_, _, k_block);
-        Tensor big_block = big(_, _, k_block);
-        Tensor small_block = small(_, _, k_block);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(raw); ++i) {
-          // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
-          const uint32_t big_bits = tf32::round_nearest_away_bits(__float_as_uint(raw(i)));
-          const float rest = raw(i) - __uint_as_float(big_bits);
-          probe = __fmaf_rn(rest, 0.0f, probe);
-          big_block(i) = tfloat32_t::bitcast(big_bits);
-          small_block(i) = tfloat32_t::bitcast(tf32::round_nearest_away_bits(__float_as_uint(rest)));
-        }
-      }
-      if (sync_mma_threads_or(probe != probe)) {
-        // inf or NaN in this k-tile (uniform across the CTA): every thread redoes its A registers and
-        // its share of B with the exact split, whose small parts keep fp32's inf and NaN products.
-        copy(smem_copy_A, tCsA_copy(_, _, _, p.stage), tCrA_raw_copy);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tCrA_raw); ++i) {
-          big(i) = tfloat32_t::bitcast(__float_as_uint(tf32::truncate(tCrA_raw(i))));
-          small(i) = tfloat32_t::bitcast(__float_as_uint(tf32::small_toward_zero(tCrA_raw(i))));
-        }
-        write_small_parts_exact(raw_b, small_b, thread_idx);
-        cutlass::arch::fence_view_async_shared();
-        sync_mma_threads();
-      }
-      warpgroup_fence_operand(big);
-      warpgroup_fence_operand(small);
-      return p;
-    };
-
-    // One n half's products of a prepared k-tile, as one wgmma group, small-part products first (as
-    // promoted every k-tile, the tensor cores' truncating accumulation then adds only the big * big
-    // products at full size).
-    auto issue_half = [&](auto& partial, int half, auto const& big, auto const& small, Prepared p) {
-      warpgroup_fence_operand(partial);
-      warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        cute::gemm(tiled_mma, small(_, 0, k_block), tCrB(_, half, k_block, p.stage), partial(_, 0, 0));
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        cute::gemm(tiled_mma, big(_, 0, k_block), tCrB_small(_, half, k_block, p.slot), partial(_, 0, 0));
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block)
-        cute::gemm(tiled_mma, big(_, 0, k_block), tCrB(_, half, k_block, p.stage), partial(_, 0, 0));
-      warpgroup_commit_batch();
-      warpgroup_fence_operand(partial);
-    };
-    PipelineState smem_pipe_release = smem_pipe_read;
-    auto release = [&]() {
-      pipeline.consumer_release(smem_pipe_release);
-      ++smem_pipe_release;
-    };
-
-    if (k_tile_count <= 0) return;
-    Prepared even = prepare(0, tCrA_big0, tCrA_small0);
-    int k_tile = 0;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; k_tile + 1 < k_tile_count; k_tile += 2) {
-      // k-tiles t (prepared, A in buffer 0) and t + 1; nothing pending on entry and on exit.
-      issue_half(partial_lo, 0, tCrA_big0, tCrA_small0, even);
-      issue_half(partial_hi, 1, tCrA_big0, tCrA_small0, even);
-      const Prepared odd = prepare(k_tile + 1, tCrA_big1, tCrA_small1);
-      warpgroup_wait<1>();  // t's first half done
-      promote(partial_lo, 0);
-      issue_half(partial_lo, 0, tCrA_big1, tCrA_small1, odd);
-      warpgroup_wait<1>();  // t's second half done
-      promote(partial_hi, kHalfValues);
-      release();
-      issue_half(partial_hi, 1, tCrA_big1, tCrA_small1, odd);
-      if (k_tile + 2 < k_tile_count) even = prepare(k_tile + 2, tCrA_big0, tCrA_small0);
-      warpgroup_wait<1>();
-      promote(partial_lo, 0);
-      warpgroup_wait<0>();
-      promote(partial_hi, kHalfValues);
-      if (k_tile + 2 < k_tile_count) release();  // not the last k-tile's: Base::mma_tail releases it
-    }
-    if (k_tile < k_tile_count) {  // an odd count's last k-tile, prepared
-      issue_half(partial_lo, 0, tCrA_big0, tCrA_small0, even);
-      issue_half(partial_hi, 1, tCrA_big0, tCrA_small0, even);
-      warpgroup_wait<1>();
-      promote(partial_lo, 0);
-      warpgroup_wait<0>();
-      promote(partial_hi, kHalfValues);
-    }
-    warpgroup_fence_operand(accum);
-  }
-#else
   // The consumers' k-loop (hides Base::mma): accum = A * B over k_tile_count k-tiles in 3xTF32.
   // Releases every stage but the last, as Base::mma does, so Base::mma_tail applies unchanged.
   template <class FrgTensorC>
@@ -480,7 +288,6 @@ struct Mainloop3xTf32 : Base {
     promote();
     warpgroup_fence_operand(accum);
   }
-#endif
 };
 
 }  // namespace fused::sm90::detail
