@@ -15,43 +15,53 @@ Sm90Tile choose_tile(int64_t M, int64_t N, int num_sms) {
 }
 
 namespace {
-bool three_x_tf32(ElementType dtype, MatmulPrecision precision) {
-  return dtype == ElementType::kFloat32 && precision == MatmulPrecision::k3xTF32;
-}
 constexpr Status kNoKernel{StatusCode::kNotSupported, "sm90 gemm_stats: no kernel for this element type and precision"};
 constexpr Status kWrongTile{StatusCode::kInvalidArgument, "sm90 gemm_stats: 3xTF32 runs the 128x128 tile only"};
+
+// One instantiation TU's entry points.
+struct Instance {
+  std::size_t (*workspace)(const GemmStatsArgs&);
+  Status (*run)(const GemmStatsArgs&, void*, cudaStream_t);
+};
+
+// The instantiation for (element type, precision, tile), or null with the reason in `why`.
+const Instance* find_instance(ElementType dtype, MatmulPrecision precision, Sm90Tile tile, Status& why) {
+  using namespace instances;
+  static constexpr Instance k3xTf32{workspace_3xtf32_128x128, run_3xtf32_128x128};
+  static constexpr Instance kBf16[2] = {{workspace_bf16_256x128, run_bf16_256x128},
+                                        {workspace_bf16_128x128, run_bf16_128x128}};
+  static constexpr Instance kFp16[2] = {{workspace_fp16_256x128, run_fp16_256x128},
+                                        {workspace_fp16_128x128, run_fp16_128x128}};
+  static constexpr Instance kTf32[2] = {{workspace_tf32_256x128, run_tf32_256x128},
+                                        {workspace_tf32_128x128, run_tf32_128x128}};
+  const int small = tile == Sm90Tile::k128x128 ? 1 : 0;
+  why = kNoKernel;
+  if (dtype == ElementType::kFloat32 && precision == MatmulPrecision::kHighest) return nullptr;
+  if (dtype == ElementType::kFloat32 && precision == MatmulPrecision::k3xTF32) {
+    if (tile == k3xTf32Tile) return &k3xTf32;
+    why = kWrongTile;
+    return nullptr;
+  }
+  switch (dtype) {
+    case ElementType::kBFloat16: return &kBf16[small];
+    case ElementType::kFloat16: return &kFp16[small];
+    case ElementType::kFloat32: return &kTf32[small];
+    default: return nullptr;
+  }
+}
 }  // namespace
 
 std::size_t gemm_workspace_bytes(ElementType dtype, MatmulPrecision precision, const GemmStatsArgs& args) {
-  const bool small = args.tile == Sm90Tile::k128x128;
-  if (dtype == ElementType::kFloat32 && precision == MatmulPrecision::kHighest) return 0;
-  if (three_x_tf32(dtype, precision)) return args.tile == k3xTf32Tile ? instances::workspace_3xtf32_128x128(args) : 0;
-  switch (dtype) {
-    case ElementType::kBFloat16: return small ? instances::workspace_bf16_128x128(args) : instances::workspace_bf16_256x128(args);
-    case ElementType::kFloat16: return small ? instances::workspace_fp16_128x128(args) : instances::workspace_fp16_256x128(args);
-    case ElementType::kFloat32: return small ? instances::workspace_tf32_128x128(args) : instances::workspace_tf32_256x128(args);
-    default: return 0;
-  }
+  Status why;
+  const Instance* instance = find_instance(dtype, precision, args.tile, why);
+  return instance != nullptr ? instance->workspace(args) : 0;
 }
 
 Status run_gemm_stats(ElementType dtype, MatmulPrecision precision, const GemmStatsArgs& args, void* workspace,
                       cudaStream_t stream) {
-  const bool small = args.tile == Sm90Tile::k128x128;
-  if (dtype == ElementType::kFloat32 && precision == MatmulPrecision::kHighest) return kNoKernel;
-  if (three_x_tf32(dtype, precision))
-    return args.tile == k3xTf32Tile ? instances::run_3xtf32_128x128(args, workspace, stream) : kWrongTile;
-  switch (dtype) {
-    case ElementType::kBFloat16:
-      return small ? instances::run_bf16_128x128(args, workspace, stream)
-                   : instances::run_bf16_256x128(args, workspace, stream);
-    case ElementType::kFloat16:
-      return small ? instances::run_fp16_128x128(args, workspace, stream)
-                   : instances::run_fp16_256x128(args, workspace, stream);
-    case ElementType::kFloat32:
-      return small ? instances::run_tf32_128x128(args, workspace, stream)
-                   : instances::run_tf32_256x128(args, workspace, stream);
-    default: return kNoKernel;
-  }
+  Status why;
+  const Instance* instance = find_instance(dtype, precision, args.tile, why);
+  return instance != nullptr ? instance->run(args, workspace, stream) : why;
 }
 
 }  // namespace fused::sm90
