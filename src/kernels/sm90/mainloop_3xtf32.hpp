@@ -98,6 +98,17 @@ struct Mainloop3xTf32 : Base {
                     std::is_same_v<typename TiledMmaRegisterA::AtomLayoutC_TV, typename TiledMma::AtomLayoutC_TV>,
                 "the register-sourced TiledMma must keep the accumulator layout");
 
+#ifndef FUSED_3XTF32_A_LDSM
+#define FUSED_3XTF32_A_LDSM 1
+#endif
+  // A's raw words into the registers of the RS wgmma's A fragment. K-major A: ldmatrix, one
+  // LDSM.x4 per warp and k-block (the fragment of an m16 x k8 TF32 block is four 8 x 16-byte
+  // matrices), instead of four 32-bit loads per thread; an MN-major A (the backward's row-major
+  // kernel) has no 32-bit transposing ldmatrix, and takes 32-bit loads.
+  using SmemCopyAtomA =
+      std::conditional_t<FUSED_3XTF32_A_LDSM && cutlass::gemm::detail::is_k_major_A<typename Base::StrideA>(),
+                         Copy_Atom<SM75_U32x4_LDSM_N, float>, Copy_Atom<AutoVectorizingCopy, float>>;
+
   // B's small parts: a ring of kSmallSlots stages, laid out as a pipeline stage of B, so element i of
   // the stage and of a slot are the same (n, k).
   static constexpr int kSmallSlots = 2;
@@ -196,7 +207,7 @@ struct Mainloop3xTf32 : Base {
     Tensor tCrA_big = thread_mma.partition_fragment_A(sA(_, _, Int<0>{}));                     // (MMA,MMA_M,MMA_K)
     Tensor tCrA_small = make_fragment_like(tCrA_big);
     Tensor tCrA_raw = make_fragment_like<float>(tCrA_big);
-    auto smem_copy_A = make_tiled_copy_A(Copy_Atom<AutoVectorizingCopy, float>{}, tiled_mma);
+    auto smem_copy_A = make_tiled_copy_A(SmemCopyAtomA{}, tiled_mma);
     auto smem_thread_copy_A = smem_copy_A.get_thread_slice(thread_idx);
     Tensor tCsA_copy = smem_thread_copy_A.partition_S(sA);                                      // (CPY,CPY_M,CPY_K,PIPE)
     Tensor tCrA_raw_copy = smem_thread_copy_A.retile_D(tCrA_raw);                               // (CPY,CPY_M,CPY_K)
