@@ -32,7 +32,8 @@
 //     1.3e-6); every k-tile, small parts first: 4.0e-7;
 //   - both operands split in shared memory (SS wgmma): 1.76 ms, shared memory the limit (each SS
 //     wgmma reads A's tile too);
-//   - A in registers (this): 1.32-1.35 ms with one shared ring (half the split work, five stages);
+//   - A in registers (this): 1.32-1.35 ms with one shared ring (half the split work, five stages),
+//     1.29-1.31 ms with A's copy into registers by ldmatrix;
 //     a ring per warpgroup (each splitting all of B, never waiting for the other; three stages fit),
 //     staggering or strictly alternating the two warpgroups' products all measured 1.33-1.45 ms
 //     (docs/design-3xtf32-sm90.md, section 6c).
@@ -98,16 +99,13 @@ struct Mainloop3xTf32 : Base {
                     std::is_same_v<typename TiledMmaRegisterA::AtomLayoutC_TV, typename TiledMma::AtomLayoutC_TV>,
                 "the register-sourced TiledMma must keep the accumulator layout");
 
-#ifndef FUSED_3XTF32_A_LDSM
-#define FUSED_3XTF32_A_LDSM 1
-#endif
   // A's raw words into the registers of the RS wgmma's A fragment. K-major A: ldmatrix, one
   // LDSM.x4 per warp and k-block (the fragment of an m16 x k8 TF32 block is four 8 x 16-byte
-  // matrices), instead of four 32-bit loads per thread; an MN-major A (the backward's row-major
-  // kernel) has no 32-bit transposing ldmatrix, and takes 32-bit loads.
-  using SmemCopyAtomA =
-      std::conditional_t<FUSED_3XTF32_A_LDSM && cutlass::gemm::detail::is_k_major_A<typename Base::StrideA>(),
-                         Copy_Atom<SM75_U32x4_LDSM_N, float>, Copy_Atom<AutoVectorizingCopy, float>>;
+  // matrices), instead of four 32-bit loads per thread: 4-5 % faster at the headline, the same bits.
+  // An MN-major A (the backward's row-major kernel) has no 32-bit transposing ldmatrix, and takes
+  // 32-bit loads.
+  using SmemCopyAtomA = std::conditional_t<cutlass::gemm::detail::is_k_major_A<typename Base::StrideA>(),
+                                           Copy_Atom<SM75_U32x4_LDSM_N, float>, Copy_Atom<AutoVectorizingCopy, float>>;
 
   // B's small parts: a ring of kSmallSlots stages, laid out as a pipeline stage of B, so element i of
   // the stage and of a slot are the same (n, k).
