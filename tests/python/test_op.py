@@ -207,3 +207,28 @@ def test_module_refuses_missing_running_stats_with_tracking_on():
     fused.bn.running_mean = None
     with pytest.raises(ValueError, match="track_running_stats is True but bn.running_mean"):
         fused(torch.rand(3, 8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_reads_a_parametrized_weight(device):
+    # The module reads its tensors from the modules' registries (fast); a parametrized weight is not
+    # in the registry but a property, which must be what the op gets.
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    torch.manual_seed(4)
+    fused = gbs.FusedGemmBNSoftmax(24, 16).to(device).eval()
+    with torch.no_grad():
+        fused.bn.running_mean.uniform_(-1, 1)
+        fused.bn.running_var.uniform_(0.5, 2)
+    x = torch.rand(5, 24, device=device)
+    bn = fused.bn
+    with torch.no_grad():
+        want = gbs.gemm_bn_softmax(x, 2 * fused.gemm.weight, fused.gemm.bias, bn.weight, bn.bias, bn.running_mean,
+                                   bn.running_var, fused.scale, training=False)
+        parametrize.register_parametrization(fused.gemm, "weight", Doubled())
+        got = fused(x)
+    assert torch.equal(got, want)
