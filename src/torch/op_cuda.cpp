@@ -135,11 +135,11 @@ void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::
     if (!direct) out.copy_(c);
   };
   // An fp32 operand as the kernel's TMA reads it in place (the forward's operands always are), else a
-  // dense copy.
+  // dense copy in a fresh (aligned) allocation.
   auto readable = [](const at::Tensor& t) {
     const at::Tensor f = t.to(at::kFloat);
     const bool in_place = is_row_major(f) && f.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(f.data_ptr()) % 16 == 0;
-    return in_place ? f : f.contiguous();
+    return in_place ? f : f.clone(at::MemoryFormat::Contiguous);
   };
   if (m[kGradX]) gemm(std::get<kGradX>(grads), N, dy, readable(*a.weight));  // dx (M, K)
   if (m[kGradWeight]) {  // dW (N, K) over dy^T's padded columns: x gets as many rows, the extra ones zero
