@@ -29,15 +29,8 @@ struct Gemm3xTf32RowMajor {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutC, 4, float, LayoutC, 4,
       cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
 
-  static constexpr int kStages = stages_3xtf32<TileShape, int(sizeof(typename CollectiveEpilogue::SharedStorage))>();
-
-  using BaseMainloop = cutlass::gemm::collective::CollectiveMma<
-      cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<kStages, ClusterShape,
-                                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
-      TileShape, uint32_t, StrideA, uint32_t, StrideB, typename RefMainloop::TiledMma, typename RefMainloop::GmemTiledCopyA,
-      cute::GMMA::Layout_MN_SW128_Atom<cute::tfloat32_t>, void, cute::identity, typename RefMainloop::GmemTiledCopyB,
-      typename RefMainloop::SmemLayoutAtomB, void, cute::identity>;
-  using CollectiveMainloop = Mainloop3xTf32<BaseMainloop>;
+  using CollectiveMainloop = Mainloop3xTf32Over<RefMainloop, int(sizeof(typename CollectiveEpilogue::SharedStorage)),
+                                                StrideA, cute::GMMA::Layout_MN_SW128_Atom<cute::tfloat32_t>>;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;

@@ -22,15 +22,7 @@ struct GemmStats3xTf32Kernel {
   using FusionCallbacks = typename Reference::FusionCallbacks;
   using CollectiveEpilogue = typename Reference::CollectiveEpilogue;
 
-  static constexpr int kStages = stages_3xtf32<TileShape, int(sizeof(typename CollectiveEpilogue::SharedStorage))>();
-
-  using BaseMainloop = cutlass::gemm::collective::CollectiveMma<
-      cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<kStages, ClusterShape,
-                                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
-      TileShape, ElementA, typename RefMainloop::StrideA, ElementB, typename RefMainloop::StrideB,
-      typename RefMainloop::TiledMma, typename RefMainloop::GmemTiledCopyA, typename RefMainloop::SmemLayoutAtomA, void,
-      cute::identity, typename RefMainloop::GmemTiledCopyB, typename RefMainloop::SmemLayoutAtomB, void, cute::identity>;
-  using CollectiveMainloop = Mainloop3xTf32<BaseMainloop>;
+  using CollectiveMainloop = Mainloop3xTf32Over<RefMainloop, int(sizeof(typename CollectiveEpilogue::SharedStorage))>;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;

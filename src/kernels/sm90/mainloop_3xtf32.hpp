@@ -299,4 +299,18 @@ struct Mainloop3xTf32 : Base {
   }
 };
 
+// The 3xTF32 mainloop over a CUTLASS sm90 TF32 mainloop `RefMainloop` (its tile, cluster, TiledMma,
+// TMA copies and B's layout), with raw 32-bit operand words, A's stride and shared-memory atom as
+// given (the forward: the reference's own, K-major; the backward's row-major kernel: MN-major) and
+// as many pipeline stages as fit beside an epilogue of kEpilogueBytes.
+template <class RefMainloop, int kEpilogueBytes, class StrideA = typename RefMainloop::StrideA,
+          class SmemLayoutAtomA = typename RefMainloop::SmemLayoutAtomA>
+using Mainloop3xTf32Over = Mainloop3xTf32<cutlass::gemm::collective::CollectiveMma<
+    cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<
+        stages_3xtf32<typename RefMainloop::TileShape, kEpilogueBytes>(),
+        typename RefMainloop::DispatchPolicy::ClusterShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
+    typename RefMainloop::TileShape, uint32_t, StrideA, uint32_t, typename RefMainloop::StrideB,
+    typename RefMainloop::TiledMma, typename RefMainloop::GmemTiledCopyA, SmemLayoutAtomA, void, cute::identity,
+    typename RefMainloop::GmemTiledCopyB, typename RefMainloop::SmemLayoutAtomB, void, cute::identity>>;
+
 }  // namespace fused::sm90::detail
