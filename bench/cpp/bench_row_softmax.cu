@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&lse, M * 4), "malloc lse");
     // y and the coefficients ~ U[0,1), fixed seeds.
     auto fill = [](float* p, int64_t n, uint32_t seed) {
-      fused::bench::fill_random<<<unsigned((n + 255) / 256), 256>>>(reinterpret_cast<uint32_t*>(p), size_t(n), seed, 0);
+      fused::bench::fill_random<<<unsigned((n + 255) / 256), 256>>>(reinterpret_cast<uint32_t*>(p), size_t(n), seed, 0, 0);
     };
     fill(y_src, M * N, 17u);
     fill(shift, N, 29u);

@@ -1,11 +1,12 @@
 // Shared by the C++ benchmarks (bench_sm90_gemm_stats, sweep/gemm_sweep): device-event timing and
-// deterministic U[0,1) operands.
+// deterministic U[0,1) operands (W optionally U[-1,1)).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 namespace fused::bench {
@@ -44,12 +45,13 @@ float median_ms(F&& f, int iters, int warmup = 5) {
 }
 
 // n 32-bit words of U[0,1) values from a hash of the index: two bf16 per word, or one fp32.
-static __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed, int bf16) {
+static __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed, int bf16, int centred) {
   size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   uint32_t h = uint32_t(i) * 2654435761u ^ seed;
   h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
   float v = (h & 0xFFFFFF) / float(1 << 24);  // U[0,1)
+  if (centred) v = 2.0f * v - 1.0f;            // U[-1,1): sign bits vary, as trained weights' do
   if (bf16) {
     uint32_t u = __float_as_uint(v) >> 16;
     p[i] = u | (u << 16);
@@ -59,14 +61,21 @@ static __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed, int bf1
 }
 
 // x (M,K), W (N,K) and bias (N), bf16 or fp32, with fixed seeds.
+// FUSED_BENCH_CENTRED=1: W in U[-1,1) instead of U[0,1). The tensor cores draw less power on
+// zero-mean data, so at large M (power-limited clocks) the two distributions time differently.
 inline void fill_operands(void* x, void* w, void* bias, int64_t M, int64_t N, int64_t K, bool bf16) {
   const size_t bytes = bf16 ? 2 : 4;
+  const char* env = std::getenv("FUSED_BENCH_CENTRED");
+  bool centred = false;
   auto fill = [&](void* p, size_t elements, uint32_t seed) {
     const size_t words = elements * bytes / 4;
-    fill_random<<<unsigned((words + 255) / 256), 256>>>(static_cast<uint32_t*>(p), words, seed, bf16 ? 1 : 0);
+    fill_random<<<unsigned((words + 255) / 256), 256>>>(static_cast<uint32_t*>(p), words, seed, bf16 ? 1 : 0,
+                                                         centred ? 1 : 0);
   };
   fill(x, size_t(M * K), 17u);
+  centred = env != nullptr && env[0] == '1';
   fill(w, size_t(N * K), 29u);
+  centred = false;
   fill(bias, size_t(N), 31u);
 }
 
