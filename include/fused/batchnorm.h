@@ -53,9 +53,10 @@ struct BatchNormArgs {
   void* running_mean = nullptr;
   void* running_var = nullptr;
   ElementType param_dtype = ElementType::kFloat32;  // of gamma, beta, running_mean, running_var
-  // Value of num_batches_tracked *after* this batch's increment (the caller increments it, as
-  // nn.BatchNorm1d does). Read only when momentum < 0.
-  const int64_t* num_batches_tracked = nullptr;
+  // nn.BatchNorm1d's num_batches_tracked (one int64), or null. When set in training, the forward
+  // counts this batch as nn.BatchNorm1d does: it adds 1 to it (on the device: its last kernel does,
+  // after every read), and momentum=None averages with the factor 1 / (the count after the increment).
+  int64_t* num_batches_tracked = nullptr;
   double momentum = 0.1;  // < 0 means momentum=None: cumulative average, factor 1/num_batches_tracked
   double eps = 1e-5;
   bool training = true;
@@ -73,6 +74,8 @@ struct BatchNormArgs {
     return batch_norm_uses_batch_stats(training, running_mean != nullptr);
   }
   FUSED_HOST_DEVICE constexpr bool updates_running_stats() const { return uses_batch_stats() && running_mean != nullptr; }
+  // Whether the forward adds this batch to *num_batches_tracked.
+  FUSED_HOST_DEVICE constexpr bool counts_batch() const { return training && num_batches_tracked != nullptr; }
 };
 
 // The per-column map that BatchNorm + scale fold into:  z[i, n] = a[n] * (y[i, n] - shift[n]) + c[n]

@@ -159,7 +159,8 @@ std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include
 
 // The whole forward on the current device, stream-ordered on `stream`, no host synchronisation and
 // no allocation: [1] y = x W^T + b and its column partials (sm90: one kernel; generic: cuBLASLt on a
-// per-thread, per-device handle, then the partials kernel), [2] finalize, [3] row softmax.
+// per-thread, per-device handle, then the partials kernel), [2] finalize, [3] row softmax, which
+// also counts the batch in bn.num_batches_tracked (BatchNormArgs::counts_batch).
 // `path` usually comes from choose_path(); a path the problem or the GPU cannot take is refused.
 // The generic GEMM runs exact fp32 for precision kHighest, and for kTF32 at M <= kExactFp32MaxBatch.
 Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,

@@ -34,8 +34,13 @@ Status finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const
 Status column_moments(const ColumnStatsPartials& partials, int64_t M, int64_t N, double* record,
                       cudaStream_t stream);
 // [3] out = softmax(a * (y - shift) + c) and each row's log-normaliser (row_lse may be null).
+// batch_counter (may be null): nn.BatchNorm1d's num_batches_tracked, incremented once by this step
+// after it waits for [2] (which reads it): the forward's last kernel, so no kernel of its own.
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                   int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream);
+                   int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream,
+                   int64_t* batch_counter = nullptr);
+// Adds 1 to *counter in one thread, after the previous kernel (where no row_softmax kernel runs).
+Status count_batch(int64_t* counter, cudaStream_t stream);
 // How [3] lays a row over a CTA: `threads`, `vecs` float4 per thread (the row held in registers);
 // `staged`: persistent CTAs, each next row brought into shared memory by a bulk copy (sm90, 16-byte
 // aligned rows, N % 4 == 0); threads == 0: the streaming kernel for rows too wide for registers.

@@ -155,7 +155,14 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
   no_gemm.K = 0;  // the GEMM is done: x and W are not read
   if (Status s = validate(no_gemm, b, bn); !s.ok()) return s;
   const int64_t M = p.M, N = p.N;
-  if (N == 0) return Status::Ok();
+  // nn.BatchNorm1d counts the batch (after finalize has read the count, for momentum=None).
+  auto count_batch = [&] {
+    if (bn.counts_batch()) ++*bn.num_batches_tracked;
+  };
+  if (N == 0) {
+    count_batch();
+    return Status::Ok();
+  }
   ColumnStatsPartials partials;
   std::vector<float> storage;
   if (bn.uses_batch_stats() && bn.rank_moments == nullptr && M > 0)
@@ -163,6 +170,7 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
   std::vector<float> ac(static_cast<size_t>(2 * N));
   const ColumnAffine affine{b.save_mean, ac.data(), ac.data() + N};
   finalize(partials, M, N, bn, b.save_invstd, affine);
+  count_batch();
   const int64_t elt = static_cast<int64_t>(element_size(p.out_dtype));
   parallel_for(M, std::max<int64_t>(1, 65536 / N), [&](int64_t r0, int64_t r1) {
     row_softmax(b.y + r0 * b.ldy, b.ldy, r1 - r0, N, affine, static_cast<char*>(b.out) + r0 * b.ldo * elt, b.ldo,

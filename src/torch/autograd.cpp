@@ -45,6 +45,22 @@ void bump_mutated_versions(const OptTensor& running_mean, const OptTensor& runni
   if (training && defined(num_batches_tracked)) torch::autograd::impl::bump_version(*num_batches_tracked);
 }
 
+// The op below the Autograd key (the Linear operands already in the compute dtype), and the version
+// bumps of the buffers it mutates.
+Outputs forward_below_autograd(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                               const OptTensor& bn_weight, const OptTensor& bn_bias, const OptTensor& running_mean,
+                               const OptTensor& running_var, const OptTensor& num_batches_tracked,
+                               const at::Tensor& scale, bool training, std::optional<double> momentum, double eps,
+                               const OptString& precision, const OptString& path, at::ScalarType out_dtype,
+                               bool keep_y, const OptString& group_name) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  Outputs outs = forward_op().call(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
+                                   scale, training, momentum, eps, precision, path, std::nullopt, out_dtype, keep_y,
+                                   group_name);
+  bump_mutated_versions(running_mean, running_var, num_batches_tracked, training);
+  return outs;
+}
+
 // The forward's arguments: 18, the first 9 tensors; the differentiable ones in GradIndex order.
 constexpr int kNumForwardArgs = 18;
 constexpr int kNumTensorArgs = 9;
@@ -59,7 +75,6 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
                                std::optional<double> momentum, double eps, const OptString& precision,
                                const OptString& path, std::optional<at::ScalarType> compute_dtype,
                                std::optional<at::ScalarType> out_dtype, bool keep_y, const OptString& group_name) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
     // With a compute dtype, round the Linear operands here rather than in the op, so the backward's
     // GEMMs reuse the copies. (Without one the op checks that the dtypes agree.)
     const at::ScalarType linear = compute_dtype.value_or(x.scalar_type());
@@ -67,10 +82,9 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     const at::Tensor wc = compute_dtype ? weight.to(linear) : weight;
     const OptTensor bc = compute_dtype && defined(bias) ? OptTensor(bias->to(linear)) : bias;
     auto [out, mean, invstd, y, row_lse] =
-        forward_op().call(xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
-                          training, momentum, eps, precision, path, std::nullopt, out_dtype.value_or(linear),
-                          keep_y, group_name);
-    bump_mutated_versions(running_mean, running_var, num_batches_tracked, training);
+        forward_below_autograd(xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
+                               training, momentum, eps, precision, path, out_dtype.value_or(linear), keep_y,
+                               group_name);
     ctx->mark_non_differentiable({mean, invstd, y, row_lse});
     // No zero-filled gradients for those four (an (M, N) fill each step): the backward reads out's only.
     ctx->set_materialize_grads(false);
@@ -156,6 +170,14 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
       (x.requires_grad() || weight.requires_grad() || (defined(bias) && bias->requires_grad()) ||
        (defined(bn_weight) && bn_weight->requires_grad()) || (defined(bn_bias) && bn_bias->requires_grad()) ||
        scale.requires_grad());
+  if (!differentiable) {
+    // No gradient can be asked for: the op itself, without an autograd node (host time per call).
+    const at::ScalarType linear = compute_dtype.value_or(x.scalar_type());
+    const OptTensor bc = compute_dtype && defined(bias) ? OptTensor(bias->to(linear)) : bias;
+    return forward_below_autograd(compute_dtype ? x.to(linear) : x, compute_dtype ? weight.to(linear) : weight, bc,
+                                  bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, training,
+                                  momentum, eps, precision, path, out_dtype.value_or(linear), keep_y, group_name);
+  }
   const variable_list outs = GemmBnSoftmaxFunction::apply(x, weight, bias, bn_weight, bn_bias, running_mean,
                                                           running_var, num_batches_tracked, scale, training, momentum,
                                                           eps, precision, path, compute_dtype, out_dtype,

@@ -142,12 +142,16 @@ at::Tensor y_to_write(const OpArgs& a, const at::Tensor& y_output) {
   return y;
 }
 
-void poison(std::initializer_list<at::Tensor> outputs) {
+bool poison_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("GEMM_BN_SOFTMAX_POISON");
     return env != nullptr && env[0] == '1';
   }();
-  if (!enabled) return;
+  return enabled;
+}
+
+void poison(std::initializer_list<at::Tensor> outputs) {
+  if (!poison_enabled()) return;
   for (const at::Tensor& t : outputs) {
     if (t.defined() && !t.is_meta()) t.fill_(std::numeric_limits<double>::quiet_NaN());
   }
@@ -271,9 +275,6 @@ BatchNormTensors prepare_batchnorm(const OpArgs& a) {
   t.param_dtype = direct && common ? element_type(*common) : ElementType::kFloat32;
   const bool scale_direct = is_supported_dtype(a.scale.scalar_type()) && a.scale.is_contiguous();
   t.scale = scale_direct ? a.scale : a.scale.to(at::kFloat).contiguous();
-  // momentum=None reads the count after this batch; num_batches_tracked itself moves only when the
-  // forward succeeds (commit()).
-  if (counts_batch(a) && !a.momentum.has_value()) t.num_batches_next = *a.num_batches_tracked + 1;
   return t;
 }
 
@@ -285,7 +286,8 @@ BatchNormArgs BatchNormTensors::args(const OpArgs& a) const {
   bn.running_mean = ptr(running_mean);
   bn.running_var = ptr(running_var);
   bn.param_dtype = param_dtype;
-  bn.num_batches_tracked = num_batches_next.defined() ? num_batches_next.data_ptr<int64_t>() : nullptr;
+  // The library counts the batch in it (its last kernel): no ATen add_ of our own after the kernels.
+  bn.num_batches_tracked = counts_batch(a) ? a.num_batches_tracked->data_ptr<int64_t>() : nullptr;
   bn.momentum = a.momentum.has_value() ? *a.momentum : -1.0;
   bn.eps = a.eps;
   bn.training = a.training;
@@ -296,7 +298,6 @@ BatchNormArgs BatchNormTensors::args(const OpArgs& a) const {
 }
 
 void BatchNormTensors::commit(const OpArgs& a) const {
-  if (counts_batch(a)) a.num_batches_tracked->add_(1);
   if (!a.uses_batch_stats() || !a.has_running_stats()) return;
   if (!running_mean.is_same(*a.running_mean)) a.running_mean->copy_(running_mean);
   if (!running_var.is_same(*a.running_var)) a.running_var->copy_(running_var);

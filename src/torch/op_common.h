@@ -98,12 +98,12 @@ std::string select_cpu_path(const OpArgs& a);
 std::string select_cuda_path(const OpArgs& a);
 
 // BN vectors as the library reads them: as given when they share one dtype and are contiguous
-// (no copies); otherwise fp32 contiguous copies, the running statistics written back by `commit()`.
-// `commit()`, called once the library's forward succeeded, also increments num_batches_tracked (as
-// nn.BatchNorm1d, when training with running statistics): a failing call changes no buffer.
+// (no copies); otherwise fp32 contiguous copies, the running statistics written back by `commit()`,
+// called once the library's forward succeeded. num_batches_tracked is handed to the library, whose
+// last kernel counts the batch (as nn.BatchNorm1d, when training with running statistics); a call
+// that fails before it launches changes no buffer.
 struct BatchNormTensors {
   at::Tensor gamma, beta, running_mean, running_var, scale;
-  at::Tensor num_batches_next;  // num_batches_tracked + 1, for momentum=None
   ElementType param_dtype = ElementType::kFloat32;
   BatchNormArgs args(const OpArgs& a) const;
   void commit(const OpArgs& a) const;
@@ -209,5 +209,6 @@ SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& gi
 // Test aid (GEMM_BN_SOFTMAX_POISON=1): NaN-fills freshly allocated outputs so that an element a
 // kernel forgets to write fails the tests.
 void poison(std::initializer_list<at::Tensor> outputs);
+bool poison_enabled();
 
 }  // namespace fused::torch_op

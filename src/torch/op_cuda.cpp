@@ -165,19 +165,24 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   const LinearOperands o = operands(a);
   ForwardBuffers b = buffers(o, outs, a.keep_y ? std::get<3>(outs) : at::Tensor());
   const cuda::GemmPath path = choose(a, b);
-  // A path that writes y gets a scratch y (alive until the kernels are queued) when y is not kept.
-  at::Tensor y_scratch;
-  if (path != cuda::GemmPath::kRecompute && !a.keep_y) {
-    y_scratch = y_to_write(a, std::get<3>(outs));
-    set_linear_buffers(o, y_scratch, b);
-  }
   const BatchNormTensors bnt = prepare_batchnorm(a);
   const ForwardProblem p = problem(a);
   use_torch_cublaslt_workspace(path, b);
+  // One allocation holds the workspace and, when y is not kept, the y the path writes (a scratch
+  // buffer alive until the kernels are queued): each allocation costs host time on every call.
+  const bool y_scratch = path != cuda::GemmPath::kRecompute && !a.keep_y;
+  constexpr int64_t kAlign = 256;
+  const int64_t y_bytes = y_scratch ? (a.M() * a.N() * int64_t{sizeof(float)} + kAlign - 1) / kAlign * kAlign : 0;
   const std::size_t ws_bytes = cuda::workspace_bytes(p, path, b.cublaslt_workspace == nullptr);
-  at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.x.options().dtype(at::kByte));
+  at::Tensor workspace = at::empty({y_bytes + static_cast<int64_t>(ws_bytes)}, a.x.options().dtype(at::kByte));
+  if (y_scratch) {
+    b.y = static_cast<float*>(workspace.data_ptr());
+    b.ldy = a.N();
+    if (poison_enabled()) poison({workspace.narrow(0, 0, y_bytes).view(at::kFloat)});
+  }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.x.get_device()).stream();
-  throw_on_error(cuda::forward(p, b, bnt.args(a), path, workspace.data_ptr(), ws_bytes, stream),
+  throw_on_error(cuda::forward(p, b, bnt.args(a), path, static_cast<char*>(workspace.data_ptr()) + y_bytes, ws_bytes,
+                               stream),
                  "gemm_bn_softmax (CUDA)");
   bnt.commit(a);
   return outs;

@@ -132,7 +132,7 @@ TEST_P(FinalizeTest, MatchesFloat64Formulas) {
   }
   for (size_t i = 0; i < scale.size(); ++i) scale[i] = 1.5f - 0.25f * i;
   const std::vector<float> rm0 = rm, rv0 = rv;
-  const int64_t nbt = 4;
+  int64_t nbt = 4;  // before this batch: momentum=None averages over nbt + 1 batches
   BatchNormArgs bn;
   bn.training = c.training;
   if (c.affine) { bn.gamma = gamma.data(); bn.beta = beta.data(); }
@@ -146,7 +146,7 @@ TEST_P(FinalizeTest, MatchesFloat64Formulas) {
   cpu::finalize(buf.p, M, N, bn, invstd.data(), ColumnAffine{shift.data(), a.data(), cc.data()});
 
   const bool batch = c.training || !c.running;
-  const double f = c.momentum < 0 ? 1.0 / nbt : c.momentum;
+  const double f = c.momentum < 0 ? 1.0 / (nbt + 1) : c.momentum;
   for (int64_t n = 0; n < N; ++n) {
     double mean, m2;
     column_moments(y, N, n, 0, M, mean, m2);

@@ -201,7 +201,7 @@ TEST(FinalizeGpu, MatchesCpuBitForBit) {
   for (int64_t n = 0; n < N; ++n) {
     gamma[n] = 1.f + 0.01f * n; beta[n] = 0.02f * n; rm[n] = 0.1f * n; rv[n] = 2.f; scale[n] = 0.5f + 0.001f * n;
   }
-  const std::vector<int64_t> nbt{3};
+  std::vector<int64_t> nbt{3};
   for (double momentum : {0.1, -1.0}) {
     std::vector<float> hrm = rm, hrv = rv, hs(N), ha(N), hc(N), hinv(N);
     BatchNormArgs hbn;

@@ -196,6 +196,8 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   bn.running_mean = drm.ptr(); bn.running_var = drv.ptr();
   bn.momentum = momentum; bn.eps = eps; bn.training = c.training;
   bn.scale = dscale.ptr();
+  Device dnbt(std::vector<int64_t>{7});  // num_batches_tracked: a training batch counts once
+  bn.num_batches_tracked = static_cast<int64_t*>(dnbt.ptr());
 
   cuda::GemmPath path = cuda::GemmPath::kSm90;
   const Status chosen = cuda::choose_path(p, buf, props, c.request, &path);
@@ -252,6 +254,7 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   EXPECT_LE(rel_norm(as_double(drm.get<float>()), rm64), tf32_gemm ? 3e-3 : 2e-5) << "running_mean";
   EXPECT_LE(rel_norm(as_double(drv.get<float>()), rv64), tf32_gemm ? 2e-2 : 2e-5 * amplify) << "running_var";
   EXPECT_LE(rel_norm(as_double(dlse.get<float>()), lse64), tf32_gemm ? 3e-2 : 2e-5 * amplify) << "row_lse";
+  EXPECT_EQ(dnbt.get<int64_t>()[0], c.training ? 8 : 7) << "num_batches_tracked";
   if (!c.training || !y_written) return;
 
   // The data-parallel steps with one rank (gemm_column_moments, then forward_from_y with its record)
@@ -264,6 +267,8 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   buf1.row_lse = static_cast<float*>(dlse1.ptr());
   BatchNormArgs bn1 = bn;
   bn1.running_mean = drm1.ptr(); bn1.running_var = drv1.ptr();
+  Device dnbt1(std::vector<int64_t>{7});
+  bn1.num_batches_tracked = static_cast<int64_t*>(dnbt1.ptr());
   bn1.rank_moments = static_cast<const double*>(record.ptr()); bn1.num_ranks = 1;
   Device workspace1(ws);
   Status step = cuda::gemm_column_moments(p, buf1, path, static_cast<double*>(record.ptr()), workspace1.ptr(), ws,
@@ -285,6 +290,7 @@ TEST_P(ForwardGpu, MatchesFloat64) {
   same_bits(dlse1, dlse, "row_lse");
   same_bits(drm1, drm, "running_mean");
   same_bits(drv1, drv, "running_var");
+  EXPECT_EQ(dnbt1.get<int64_t>()[0], 8) << "num_batches_tracked (forward_from_y)";
 }
 
 constexpr ElementType kF32 = ElementType::kFloat32, kBF16 = ElementType::kBFloat16, kF16 = ElementType::kFloat16;

@@ -75,9 +75,10 @@ FUSED_HD MeanM2 batch_moments(const ColumnStatsPartials& p, int64_t M, int64_t N
   return merge_column_partials(p, M, col);
 }
 
-// Momentum applied to the running statistics (nn.BatchNorm1d's exponential_average_factor).
+// Momentum applied to the running statistics (nn.BatchNorm1d's exponential_average_factor): with
+// momentum=None, 1 / the count including this batch (the counter itself moves after every read).
 FUSED_HD double running_stat_factor(const BatchNormArgs& bn) {
-  return bn.momentum < 0.0 ? 1.0 / static_cast<double>(*bn.num_batches_tracked) : bn.momentum;
+  return bn.momentum < 0.0 ? 1.0 / (static_cast<double>(*bn.num_batches_tracked) + 1.0) : bn.momentum;
 }
 
 // Finalizes column `col`: picks batch or running statistics, updates the running statistics

@@ -118,6 +118,12 @@ __device__ __forceinline__ void store4(TOut* __restrict__ orow, int64_t col, int
 
 __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
 
+// nn.BatchNorm1d's num_batches_tracked (or null) counts this batch: one thread of the grid, after
+// wait_for_prerequisites (finalize, which reads the count, has completed).
+__device__ __forceinline__ void count_batch_once(int64_t* counter) {
+  if (counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *counter += 1;
+}
+
 // The second half of a row held in registers (kVecs float4 per thread, this thread's max so far):
 // the row max and sum over the CTA, the log-normaliser, and out. Columns >= N hold -inf.
 template <int kThreads, int kVecs, bool kVec, class TOut>
@@ -149,10 +155,12 @@ __device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float mx, int64_t
 template <int kThreads, int kVecs, bool kVec, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_in_registers(const float* __restrict__ y, int64_t ldy, int64_t N, ColumnAffine f,
-                              TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse) {
+                              TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse,
+                              int64_t* batch_counter) {
   __shared__ float smem[32];
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
+  count_batch_once(batch_counter);
   const int64_t row = blockIdx.x;
   const float* yrow = y + row * ldy;
   float4 z[kVecs];
@@ -172,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int kThreads, int kVecs, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
-                        TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse) {
+                        TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
   __shared__ alignas(16) float4 row_buffer[kThreads * kVecs];
   __shared__ alignas(8) uint64_t row_landed;
   __shared__ float smem[32];
@@ -181,6 +189,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
+  count_batch_once(batch_counter);
   int64_t row = blockIdx.x;
   if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy, row_bytes, &row_landed);
   for (uint32_t phase = 0; row < M; row += gridDim.x, phase ^= 1u) {
@@ -205,10 +214,11 @@ __global__ void __launch_bounds__(kThreads)
 template <int kThreads, bool kVec, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_streaming(const float* __restrict__ y, int64_t ldy, int64_t N, ColumnAffine f, TOut* __restrict__ out,
-                           int64_t ldo, float* __restrict__ row_lse) {
+                           int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
   __shared__ float smem[32];
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
+  count_batch_once(batch_counter);
   const int64_t row = blockIdx.x;
   const float* yrow = y + row * ldy;
   float mx = -INFINITY, sum = 0.f;
@@ -260,7 +270,7 @@ int staged_ctas_per_sm(int device) {
 // round trip is added).
 template <int kThreads, int kVecs, class TOut>
 Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
-                     TOut* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
+                     TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
   const int device = util::detail::current_device();
   int sms = 0;
   FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
@@ -270,26 +280,26 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
   if (only_if_worth_it && M < resident)
     return util::launch_dependent(softmax_rows_in_registers<kThreads, kVecs, true, TOut>,
                                   dim3(static_cast<unsigned>(M)), kThreads, 0, stream, "row_softmax kernel launch", y,
-                                  ldy, N, f, out, ldo, row_lse);
+                                  ldy, N, f, out, ldo, row_lse, counter);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(M, resident)));
   return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, TOut>, grid, kThreads, 0, stream,
-                                "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse);
+                                "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
 
 template <bool kVec, class TOut>
 Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N,
-                    const ColumnAffine& f, TOut* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
+                    const ColumnAffine& f, TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
   const dim3 rows(static_cast<unsigned>(M));
   if (l.threads == 0)
     return util::launch_dependent(softmax_rows_streaming<1024, kVec, TOut>, rows, 1024, 0, stream,
-                                  "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse);
+                                  "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse, counter);
   if (int64_t{l.threads} * 4 * l.vecs < N)
     return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
   if (l.staged) {
     if constexpr (kVec) {
 #define FUSED_SOFTMAX_STAGED_CASE(T, V) \
   if (l.threads == T && l.vecs == V)        \
-    return launch_staged<T, V>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, stream);
+    return launch_staged<T, V>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
       FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_STAGED_CASE)
 #undef FUSED_SOFTMAX_STAGED_CASE
     }
@@ -298,7 +308,7 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
 #define FUSED_SOFTMAX_CASE(T, V)                                                                              \
   if (l.threads == T && l.vecs == V)                                                                        \
     return util::launch_dependent(softmax_rows_in_registers<T, V, kVec, TOut>, rows, T, 0, stream,           \
-                                  "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse);
+                                  "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse, counter);
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_CASE)
 #undef FUSED_SOFTMAX_CASE
   return {StatusCode::kNotSupported, "row_softmax: layout not built"};
@@ -314,7 +324,7 @@ bool vector_aligned(const float* y, int64_t ldy, const ColumnAffine& f, const vo
 
 template <class TOut>
 Status launch(SoftmaxLayout l, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N,
-              const ColumnAffine& f, void* out, int64_t ldo, float* row_lse, cudaStream_t stream) {
+              const ColumnAffine& f, void* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
   const bool vec = vector_aligned<TOut>(y, ldy, f, out, ldo);
   if (l.staged) {
     int major = 0;
@@ -325,22 +335,22 @@ Status launch(SoftmaxLayout l, bool fit_layout, const float* y, int64_t ldy, int
     }
   }
   auto* o = static_cast<TOut*>(out);
-  return vec ? launch_typed<true>(l, fit_layout, y, ldy, M, N, f, o, ldo, row_lse, stream)
-             : launch_typed<false>(l, fit_layout, y, ldy, M, N, f, o, ldo, row_lse, stream);
+  return vec ? launch_typed<true>(l, fit_layout, y, ldy, M, N, f, o, ldo, row_lse, counter, stream)
+             : launch_typed<false>(l, fit_layout, y, ldy, M, N, f, o, ldo, row_lse, counter, stream);
 }
 
 Status dispatch(const SoftmaxLayout& layout, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N,
                 const ColumnAffine& affine, void* out, int64_t ldo, ElementType dtype, float* row_lse,
-                cudaStream_t stream) {
-  if (M == 0 || N == 0) return Status::Ok();
+                int64_t* counter, cudaStream_t stream) {
+  if (M == 0 || N == 0) return counter != nullptr ? count_batch(counter, stream) : Status::Ok();
   if (M > 0x7fffffff) return {StatusCode::kNotSupported, "row_softmax: more than 2^31-1 rows"};
   switch (dtype) {
     case ElementType::kFloat32:
-      return launch<float>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
+      return launch<float>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, counter, stream);
     case ElementType::kBFloat16:
-      return launch<__nv_bfloat16>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
+      return launch<__nv_bfloat16>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, counter, stream);
     case ElementType::kFloat16:
-      return launch<__half>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, stream);
+      return launch<__half>(layout, fit_layout, y, ldy, M, N, affine, out, ldo, row_lse, counter, stream);
   }
   return {StatusCode::kInvalidArgument, "row_softmax: unknown dtype"};
 }
@@ -377,13 +387,26 @@ std::vector<SoftmaxLayout> row_softmax_built_layouts() {
 Status row_softmax_with_layout(const SoftmaxLayout& layout, const float* y, int64_t ldy, int64_t M, int64_t N,
                                const ColumnAffine& affine, void* out, int64_t ldo, ElementType dtype, float* row_lse,
                                cudaStream_t stream) {
-  return dispatch(layout, /*fit_layout=*/false, y, ldy, M, N, affine, out, ldo, dtype, row_lse, stream);
+  return dispatch(layout, /*fit_layout=*/false, y, ldy, M, N, affine, out, ldo, dtype, row_lse, nullptr, stream);
 }
 
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                   int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream) {
+                   int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream, int64_t* batch_counter) {
   return dispatch(row_softmax_layout(N), /*fit_layout=*/true, y, ldy, M, N, affine, out, ldo, dtype, row_lse,
-                  stream);
+                  batch_counter, stream);
+}
+
+namespace {
+__global__ void count_batch_kernel(int64_t* counter) {
+  util::wait_for_prerequisites();
+  util::allow_dependents_to_launch();
+  count_batch_once(counter);
+}
+}  // namespace
+
+Status count_batch(int64_t* counter, cudaStream_t stream) {
+  if (counter == nullptr) return Status::Ok();
+  return util::launch_dependent(count_batch_kernel, dim3(1), dim3(1), 0, stream, "count_batch_kernel launch", counter);
 }
 
 }  // namespace fused::cuda

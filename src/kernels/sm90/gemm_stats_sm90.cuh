@@ -241,9 +241,10 @@ std::size_t kernel_workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sche
 }
 
 // Launches a CUTLASS sm90 GEMM (GemmUniversalAdapter `Gemm`) from its arguments: can_implement, the
-// workspace, then what Gemm::initialize() and run() do, except that the kernel's shared-memory size
-// is set once per device (initialize() sets it on every call, a driver call of a few microseconds on
-// the op's host path).
+// workspace, then what Gemm::initialize() and run() do, minus two driver calls they make on every
+// call (a few microseconds each on the op's host path): the kernel's shared-memory size is set once
+// per device, and the cluster launch does not set the non-portable-cluster-size attribute (our
+// clusters are two CTAs, a portable size).
 template <class Gemm>
 Status launch_gemm(const typename Gemm::Arguments& args, void* workspace, cudaStream_t stream) {
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
@@ -253,8 +254,8 @@ Status launch_gemm(const typename Gemm::Arguments& args, void* workspace, cudaSt
   using GemmKernel = typename Gemm::GemmKernel;
   if (GemmKernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess)
     return {StatusCode::kCudaError, "sm90 GEMM: CUTLASS workspace initialisation failed"};
+  constexpr int kSmemBytes = GemmKernel::SharedStorageSize;
   const int smem_set = cuda::util::detail::cached_per_device(args.hw_info.device_id, [](int) {
-    constexpr int kSmemBytes = GemmKernel::SharedStorageSize;
     if (kSmemBytes >= (48 << 10) && cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                          kSmemBytes) != cudaSuccess) {
@@ -265,11 +266,37 @@ Status launch_gemm(const typename Gemm::Arguments& args, void* workspace, cudaSt
   });
   if (smem_set <= 0) return {StatusCode::kCudaError, "sm90 GEMM: cudaFuncSetAttribute(shared memory) failed"};
   typename Gemm::Params params = GemmKernel::to_underlying_arguments(args, workspace);
+
+  using ClusterShape = typename GemmKernel::DispatchPolicy::ClusterShape;
+  static_assert(cute::is_static_v<ClusterShape> && cute::size(ClusterShape{}) <= 8,
+                "a portable (<= 8 CTAs) static cluster: launched without the non-portable attribute");
+  cudaLaunchAttribute attributes[2];
+  unsigned num_attributes = 0;
+  if constexpr (cute::size(ClusterShape{}) > 1) {
+    attributes[num_attributes].id = cudaLaunchAttributeClusterDimension;
+    attributes[num_attributes].val.clusterDim = {unsigned(cute::size<0>(ClusterShape{})),
+                                                 unsigned(cute::size<1>(ClusterShape{})),
+                                                 unsigned(cute::size<2>(ClusterShape{}))};
+    ++num_attributes;
+  }
   // A programmatic dependent launch (the kernels are built with CUTLASS_ENABLE_GDC_FOR_SM90: their
   // loads wait for the previous kernel, and their last tiles let the next kernel launch early).
-  if (Gemm::run(params, stream, nullptr, cuda::util::current_device_has_pdl()) != cutlass::Status::kSuccess)
-    return {StatusCode::kCudaError, "sm90 GEMM: kernel launch failed"};
-  return Status::Ok();
+  if (cuda::util::current_device_has_pdl()) {
+    attributes[num_attributes].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[num_attributes].val.programmaticStreamSerializationAllowed = 1;
+    ++num_attributes;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = Gemm::get_grid_shape(params);
+  config.blockDim = GemmKernel::get_block_shape();
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = num_attributes;
+  void* kernel_params[] = {&params};
+  return cuda::util::cuda_status(
+      cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(cutlass::device_kernel<GemmKernel>), kernel_params),
+      "sm90 GEMM: kernel launch failed");
 }
 
 template <class KC>
