@@ -61,8 +61,9 @@ static __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed, int bf1
 }
 
 // x (M,K), W (N,K) and bias (N), bf16 or fp32, with fixed seeds.
-// FUSED_BENCH_CENTRED=1: W in U[-1,1) instead of U[0,1). The tensor cores draw less power on
-// zero-mean data, so at large M (power-limited clocks) the two distributions time differently.
+// FUSED_BENCH_CENTRED=1: W in U[-1,1) instead of U[0,1) (signs that vary, as trained weights'). At
+// large M the clocks are power-limited and the data changes the power: on the H200, bf16 4096x8192x8192,
+// our kernel 0.752 vs 0.710 ms and cuBLAS 0.723 vs 0.678 ms with U[-1,1) vs U[0,1) weights.
 inline void fill_operands(void* x, void* w, void* bias, int64_t M, int64_t N, int64_t K, bool bf16) {
   const size_t bytes = bf16 ? 2 : 4;
   const char* env = std::getenv("FUSED_BENCH_CENTRED");

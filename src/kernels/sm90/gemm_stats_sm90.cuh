@@ -99,17 +99,10 @@ struct GemmStatsKernel {
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
       Plus, cutlass::epilogue::fusion::Sm90EVT<Partials, AccFetch>, BiasBroadcast>;
 
-  // y's staging subtile; 0: CUTLASS's choice (128 x 32 for the cooperative tiles). -D hook for A/B runs.
-#ifndef FUSED_SM90_EPI_TILE_N
-#define FUSED_SM90_EPI_TILE_N 0
-#endif
-  using EpilogueTile = cute::conditional_t<FUSED_SM90_EPI_TILE_N == 0, cutlass::epilogue::collective::EpilogueTileAuto,
-                                           Shape<Int<(Config::kTileM < 128 ? Config::kTileM : 128)>,
-                                                 Int<(FUSED_SM90_EPI_TILE_N == 0 ? 32 : FUSED_SM90_EPI_TILE_N)>>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       TileShape, ClusterShape,
-      EpilogueTile,
+      cutlass::epilogue::collective::EpilogueTileAuto,
       ElementAccumulator, ElementCompute,
       ElementC, LayoutD, AlignmentD,
       ElementD, LayoutD, AlignmentD,
