@@ -74,8 +74,9 @@ struct BatchNormArgs {
     return batch_norm_uses_batch_stats(training, running_mean != nullptr);
   }
   FUSED_HOST_DEVICE constexpr bool updates_running_stats() const { return uses_batch_stats() && running_mean != nullptr; }
-  // Whether the forward adds this batch to *num_batches_tracked.
+  // Whether the forward adds this batch to *num_batches_tracked; the counter it adds to, or null.
   FUSED_HOST_DEVICE constexpr bool counts_batch() const { return training && num_batches_tracked != nullptr; }
+  FUSED_HOST_DEVICE constexpr int64_t* batch_counter() const { return counts_batch() ? num_batches_tracked : nullptr; }
 };
 
 // The per-column map that BatchNorm + scale fold into:  z[i, n] = a[n] * (y[i, n] - shift[n]) + c[n]

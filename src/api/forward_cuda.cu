@@ -188,7 +188,7 @@ Status recompute_forward(const ForwardProblem& p, const ForwardBuffers& b, const
   FUSED_RETURN_IF_ERROR(recompute::run_pass(recompute::Pass::kRowPartials, rp, stream));
   FUSED_RETURN_IF_ERROR(recompute::merge_row_parts(rp, b.row_lse, stream));
   FUSED_RETURN_IF_ERROR(recompute::run_pass(recompute::Pass::kWriteOut, rp, stream));
-  return count_batch(bn.counts_batch() ? bn.num_batches_tracked : nullptr, stream);
+  return count_batch(bn.batch_counter(), stream);
 }
 
 // [1]: y = x W^T + b, and the column partials when `with_partials` (batch statistics).
@@ -223,7 +223,7 @@ Status finalize_and_softmax(const ForwardProblem& p, const ForwardBuffers& b, co
   }
   util::NvtxRange range("fused::row_softmax");
   return row_softmax(b.y, b.ldy, p.M, p.N, w.affine, b.out, b.ldo, p.out_dtype, b.row_lse, stream,
-                     bn.counts_batch() ? bn.num_batches_tracked : nullptr);
+                     bn.batch_counter());
 }
 
 }  // namespace
@@ -238,7 +238,7 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(carve(p, path, b.save_mean, workspace, workspace_size,
                               workspace_bytes(p, path, b.cublaslt_workspace == nullptr), w));
-  if (p.N == 0) return count_batch(bn.counts_batch() ? bn.num_batches_tracked : nullptr, stream);
+  if (p.N == 0) return count_batch(bn.batch_counter(), stream);
   if (path == GemmPath::kRecompute) return recompute_forward(p, b, bn, w, stream);
   FUSED_RETURN_IF_ERROR(gemm_and_partials(p, b, path, w, bn.uses_batch_stats(), stream));
   return finalize_and_softmax(p, b, bn, w, stream);
@@ -273,7 +273,7 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(carve(no_gemm, GemmPath::kGeneric, b.save_mean, workspace, workspace_size,
                               forward_from_y_workspace_bytes(p), w));
-  if (p.N == 0) return count_batch(bn.counts_batch() ? bn.num_batches_tracked : nullptr, stream);
+  if (p.N == 0) return count_batch(bn.batch_counter(), stream);
   if (bn.uses_batch_stats() && bn.rank_moments == nullptr && p.M > 0) {
     util::NvtxRange range("fused::column_partials");
     FUSED_RETURN_IF_ERROR(column_partials(b.y, b.ldy, p.M, p.N, w.partials, stream));

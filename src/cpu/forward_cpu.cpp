@@ -157,7 +157,7 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
   const int64_t M = p.M, N = p.N;
   // nn.BatchNorm1d counts the batch (after finalize has read the count, for momentum=None).
   auto count_batch = [&] {
-    if (bn.counts_batch()) ++*bn.num_batches_tracked;
+    if (int64_t* counter = bn.batch_counter()) ++*counter;
   };
   if (N == 0) {
     count_batch();
