@@ -61,6 +61,20 @@ Outputs forward_below_autograd(const at::Tensor& x, const at::Tensor& weight, co
   return outs;
 }
 
+// The Linear operands in the compute dtype. With one, they are rounded here rather than in the op,
+// so the backward's GEMMs reuse the copies (without one the op checks that the dtypes agree).
+struct LinearInputs {
+  at::ScalarType dtype;
+  at::Tensor x, weight;
+  OptTensor bias;
+};
+LinearInputs linear_inputs(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                           std::optional<at::ScalarType> compute_dtype) {
+  if (!compute_dtype) return {x.scalar_type(), x, weight, bias};
+  const at::ScalarType t = *compute_dtype;
+  return {t, x.to(t), weight.to(t), defined(bias) ? OptTensor(bias->to(t)) : bias};
+}
+
 // The forward's arguments: 18, the first 9 tensors; the differentiable ones in GradIndex order.
 constexpr int kNumForwardArgs = 18;
 constexpr int kNumTensorArgs = 9;
@@ -75,16 +89,11 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
                                std::optional<double> momentum, double eps, const OptString& precision,
                                const OptString& path, std::optional<at::ScalarType> compute_dtype,
                                std::optional<at::ScalarType> out_dtype, bool keep_y, const OptString& group_name) {
-    // With a compute dtype, round the Linear operands here rather than in the op, so the backward's
-    // GEMMs reuse the copies. (Without one the op checks that the dtypes agree.)
-    const at::ScalarType linear = compute_dtype.value_or(x.scalar_type());
-    const at::Tensor xc = compute_dtype ? x.to(linear) : x;
-    const at::Tensor wc = compute_dtype ? weight.to(linear) : weight;
-    const OptTensor bc = compute_dtype && defined(bias) ? OptTensor(bias->to(linear)) : bias;
+    const LinearInputs in = linear_inputs(x, weight, bias, compute_dtype);
     auto [out, mean, invstd, y, row_lse] =
-        forward_below_autograd(xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
-                               training, momentum, eps, precision, path, out_dtype.value_or(linear), keep_y,
-                               group_name);
+        forward_below_autograd(in.x, in.weight, in.bias, bn_weight, bn_bias, running_mean, running_var,
+                               num_batches_tracked, scale, training, momentum, eps, precision, path,
+                               out_dtype.value_or(in.dtype), keep_y, group_name);
     ctx->mark_non_differentiable({mean, invstd, y, row_lse});
     // No zero-filled gradients for those four (an (M, N) fill each step): the backward reads out's only.
     ctx->set_materialize_grads(false);
@@ -106,8 +115,9 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     }
     const bool any = std::find(wants.begin(), wants.end(), true) != wants.end();
     ctx->save_for_backward({any ? y : at::Tensor(), any ? mean : at::Tensor(), any ? invstd : at::Tensor(),
-                            any ? row_lse : at::Tensor(), wants[kGradWeight] ? xc : at::Tensor(),
-                            wants[kGradX] ? wc : at::Tensor(), any ? bn_weight.value_or(at::Tensor()) : at::Tensor(),
+                            any ? row_lse : at::Tensor(), wants[kGradWeight] ? in.x : at::Tensor(),
+                            wants[kGradX] ? in.weight : at::Tensor(),
+                            any ? bn_weight.value_or(at::Tensor()) : at::Tensor(),
                             any ? bn_bias.value_or(at::Tensor()) : at::Tensor(), any ? scale : at::Tensor()});
     int64_t wants_bits = 0;
     for (int k = 0; k < 6; ++k) wants_bits |= static_cast<int64_t>(wants[k]) << k;
@@ -117,7 +127,7 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     // Data parallel: the backward's column sums are exchanged over the same group.
     if (exchanges_statistics(training, group_name)) ctx->saved_data["group_name"] = *group_name;
     // The backward GEMMs run in the forward's precision, resolved now (a later flag change does not count).
-    ctx->saved_data["precision"] = std::string(precision_name(resolve_precision(linear, precision)));
+    ctx->saved_data["precision"] = std::string(precision_name(resolve_precision(in.dtype, precision)));
     // Gradients of x, weight and bias come back in the parameter's own dtype (fp32 master weights
     // under autocast): the GEMMs write them directly, no bf16 round trip.
     ctx->saved_data["linear_grad_dtype"] = weight.scalar_type();
@@ -172,11 +182,10 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
        scale.requires_grad());
   if (!differentiable) {
     // No gradient can be asked for: the op itself, without an autograd node (host time per call).
-    const at::ScalarType linear = compute_dtype.value_or(x.scalar_type());
-    const OptTensor bc = compute_dtype && defined(bias) ? OptTensor(bias->to(linear)) : bias;
-    return forward_below_autograd(compute_dtype ? x.to(linear) : x, compute_dtype ? weight.to(linear) : weight, bc,
-                                  bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, training,
-                                  momentum, eps, precision, path, out_dtype.value_or(linear), keep_y, group_name);
+    const LinearInputs in = linear_inputs(x, weight, bias, compute_dtype);
+    return forward_below_autograd(in.x, in.weight, in.bias, bn_weight, bn_bias, running_mean, running_var,
+                                  num_batches_tracked, scale, training, momentum, eps, precision, path,
+                                  out_dtype.value_or(in.dtype), keep_y, group_name);
   }
   const variable_list outs = GemmBnSoftmaxFunction::apply(x, weight, bias, bn_weight, bn_bias, running_mean,
                                                           running_var, num_batches_tracked, scale, training, momentum,
