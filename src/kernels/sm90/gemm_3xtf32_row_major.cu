@@ -14,8 +14,7 @@ namespace detail {
 namespace {
 
 struct Gemm3xTf32RowMajor {
-  // The tf32 128x128 cooperative kernel supplies the TF32 TiledMma, B's layouts and the TMA copies.
-  using Reference = GemmStatsKernel<float, GemmStatsConfig<128, int(kCtaTileN), 1, 1, false>>;
+  using Reference = Tf32ReferenceFor3xTf32;
   using RefMainloop = typename Reference::CollectiveMainloop;
   using TileShape = typename Reference::TileShape;
   using ClusterShape = typename Reference::ClusterShape;

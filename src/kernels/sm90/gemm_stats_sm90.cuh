@@ -131,6 +131,11 @@ struct GemmStatsKernel {
   using StrideD = typename Gemm::GemmKernel::StrideD;
 };
 
+// The tf32 128x128 cooperative kernel (cluster 1x1) that both 3xTF32 kernels build on: it supplies
+// their TF32 TiledMma, layouts and TMA copies (and the forward's statistics epilogue), so the two
+// run the same mainloop (gemm_stats_sm90_3xtf32_128x128.cu, gemm_3xtf32_row_major.cu).
+using Tf32ReferenceFor3xTf32 = GemmStatsKernel<float, GemmStatsConfig<128, int(kCtaTileN), 1, 1, false>>;
+
 // The launch code below takes a kernel description KC: GemmStatsKernel<ElementIn, Config>, or
 // another kernel with the same members (Gemm, the strides, FusionCallbacks, ElementA/B/Bias,
 // AlignmentAB/D, kTileM/N, kStreamK), e.g. the 3xTF32 one (gemm_stats_sm90_3xtf32_128x128.cu).

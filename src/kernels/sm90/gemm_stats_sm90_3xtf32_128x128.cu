@@ -8,8 +8,7 @@ namespace detail {
 namespace {
 
 struct GemmStats3xTf32Kernel {
-  // The tf32 128x128 cooperative kernel supplies the epilogue, the TF32 TiledMma and the layouts.
-  using Reference = GemmStatsKernel<float, GemmStatsConfig<128, int(kCtaTileN), 1, 1, false>>;
+  using Reference = Tf32ReferenceFor3xTf32;
   using RefMainloop = typename Reference::CollectiveMainloop;
   static constexpr int kTileM = Reference::kTileM, kTileN = Reference::kTileN;
   static constexpr bool kStreamK = false;
