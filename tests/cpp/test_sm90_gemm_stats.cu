@@ -320,6 +320,16 @@ TEST(Sm90GemmStats, PersistentManyTiles) {
   }
 }
 
+// A grid of at least 32 256x128 tiles each way: the 256x128 kernel's swizzled raster order
+// (gemm_stats_sm90.cuh, large_tile_scheduler) covers every tile once, the ragged edges included.
+TEST(Sm90GemmStats, LargeGridSwizzledRaster) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes) {
+    Case c; c.type = t; c.M = 8192 + 77; c.N = 4096 + 8; c.K = 32; c.tile = sm90::Sm90Tile::k256x128;
+    run_case(c);
+  }
+}
+
 // |column mean| / std ~ 1e3 through the bias: the mean must carry the bias, M2 must not see it.
 TEST(Sm90GemmStats, LargeMeanThroughBias) {
   SKIP_UNLESS_SM90();
