@@ -125,10 +125,13 @@ enum class PathRequest : int { kAuto = 0, kSm90 = 1, kGeneric = 2, kRecompute = 
 //      3e-4..3e-2 in TF32, 3e-7..2e-5 in exact fp32);
 //   3. grids that 256x128 tiles leave under one wave run the sm90 path's 128x128 ping-pong kernel
 //      (2x faster there, level with cuBLAS's GEMM alone), so sm90 wins almost everywhere; the
-//      exception is 16-bit inputs whose 128x128 grid is still under one wave with K >= 8192, where
-//      cuBLASLt's split-K GEMM plus the statistics pass is faster (measured on the H200: M = 256,
-//      N = K = 8192 bf16, 74 vs 86 us per call; tf32 there: sm90 122 vs generic 137 us). There the
-//      generic path runs; otherwise sm90.
+//      exception is a 128x128 grid that fills at most half the SMs with K >= 8192: each CTA then
+//      runs a long K loop while half the GPU idles, and cuBLASLt's split-K GEMM plus the statistics
+//      pass is faster, on the GPU and in a loop bound by the host (H200, per call, GPU / host-bound
+//      loop: 128 x 8192 x 8192 bf16 55 / 58 us against 84 / 84, tf32 89 / 92 against 110 / 105;
+//      2048 x 512 x 8192 bf16 44 / 49 against 56 / 56). There the generic path runs; otherwise sm90.
+//      At K = 4096 the generic path is faster on the GPU alone too, but its extra launches and
+//      cuBLASLt's host work cost more than that in a loop bound by the host, so sm90 stays.
 //   4. the recompute path runs only when asked for (request or environment): it never writes y, so
 //      it needs no (M, N) fp32 buffer (inference peak memory: out alone), but its three mma.sync
 //      tile passes are slower than the sm90 GEMM + softmax (H200, 4096 x 8192, bf16: 0.176 vs

@@ -43,14 +43,13 @@ bool operand_rows_in_16_bytes(const ForwardProblem& p, const ForwardBuffers& b) 
   return p.K % per16 == 0 && stride_or_dense(b.ldx, p.K) % per16 == 0 && stride_or_dense(b.ldw, p.K) % per16 == 0;
 }
 
-// Rule 3 at choose_path(): the 128x128 ping-pong kernel covers underfilled grids, except 16-bit
-// inputs whose 128x128 grid is still under one wave with a long K loop (cuBLASLt splits K there).
+// Rule 3 at choose_path(): the 128x128 ping-pong kernel covers underfilled grids, except where its
+// grid fills at most half the SMs with K >= 8192 (cuBLASLt splits K there).
 bool sm90_preferred(const ForwardProblem& p, int num_sms) {
 #if defined(FUSED_WITH_SM90)
   const int64_t tiles_128x128 = util::ceil_div(p.M, sm90::partials_row_tile(sm90::Sm90Tile::k128x128)) *
                                 util::ceil_div(p.N, sm90::kCtaTileN);
-  const bool sixteen_bit = p.dtype == ElementType::kBFloat16 || p.dtype == ElementType::kFloat16;
-  return !(sixteen_bit && tiles_128x128 < num_sms && p.K >= 8192);
+  return !(2 * tiles_128x128 <= num_sms && p.K >= 8192);
 #else
   (void)p, (void)num_sms;
   return false;

@@ -100,24 +100,27 @@ TEST_F(ChoosePath, TinyTf32BatchesRunGeneric) {
   EXPECT_EQ(choose(p8, aligned(p8), kH200, PathRequest::kSm90), GemmPath::kSm90);
 }
 
-// Rule 3: under half the SMs' worth of 256x128 tiles with a long K loop: generic (split-K).
-// Rule 3: underfilled grids run the 128x128 sm90 kernel, except 16-bit inputs whose 128x128 grid is
-// under one wave with K >= 8192 (cuBLASLt's split-K is faster there).
-TEST_F(ChoosePath, UnderfilledGridsRunSm90ExceptSixteenBitLongK) {
+// Rule 3: underfilled grids run the 128x128 sm90 kernel, except where that grid fills at most half
+// the SMs with K >= 8192, in every dtype (cuBLASLt's split-K is faster there).
+TEST_F(ChoosePath, UnderfilledGridsRunSm90ExceptHalfEmptyLongK) {
   SKIP_WITHOUT_SM90_KERNELS();
-  const ForwardProblem small_m = problem(256, 8192, 8192, ElementType::kBFloat16);  // 128 128x128 tiles
-  EXPECT_EQ(choose(small_m, aligned(small_m), kH200), GemmPath::kGeneric);
-  EXPECT_EQ(choose(small_m, aligned(small_m), kH200, PathRequest::kSm90), GemmPath::kSm90);
-  const ForwardProblem small_m_tf32 = problem(256, 8192, 8192, ElementType::kFloat32, MatmulPrecision::kTF32);
-  EXPECT_EQ(choose(small_m_tf32, aligned(small_m_tf32), kH200), GemmPath::kSm90);
-  const ForwardProblem shorter_k = problem(256, 8192, 4096, ElementType::kBFloat16);
-  EXPECT_EQ(choose(shorter_k, aligned(shorter_k), kH200), GemmPath::kSm90);
-  const ForwardProblem short_k = problem(1024, 2048, 4096, ElementType::kBFloat16);  // 128 tiles, K 4096
-  EXPECT_EQ(choose(short_k, aligned(short_k), kH200), GemmPath::kSm90);
-  const ForwardProblem tf32 = problem(1024, 2048, 4096, ElementType::kFloat32, MatmulPrecision::kTF32);
-  EXPECT_EQ(choose(tf32, aligned(tf32), kH200), GemmPath::kSm90);
-  const ForwardProblem wide = problem(512, 8192 + 512, 8192, ElementType::kBFloat16);  // 136 tiles: a wave
-  EXPECT_EQ(choose(wide, aligned(wide), kH200), GemmPath::kSm90);
+  for (ElementType t : {ElementType::kBFloat16, ElementType::kFloat16, ElementType::kFloat32}) {
+    const MatmulPrecision tf32 = MatmulPrecision::kTF32;  // ignored by 16-bit inputs
+    const ForwardProblem half_empty = problem(128, 8192, 8192, t, tf32);  // 64 128x128 tiles on 132 SMs
+    EXPECT_EQ(choose(half_empty, aligned(half_empty), kH200), GemmPath::kGeneric) << "dtype " << static_cast<int>(t);
+    EXPECT_EQ(choose(half_empty, aligned(half_empty), kH200, PathRequest::kSm90), GemmPath::kSm90);
+    const ForwardProblem narrow = problem(2048, 512, 8192, t, tf32);  // 16 x 4 = 64 tiles
+    EXPECT_EQ(choose(narrow, aligned(narrow), kH200), GemmPath::kGeneric) << "dtype " << static_cast<int>(t);
+    const ForwardProblem more_tiles = problem(128 + 1, 8192, 8192, t, tf32);  // 128 tiles: more than half
+    EXPECT_EQ(choose(more_tiles, aligned(more_tiles), kH200), GemmPath::kSm90) << "dtype " << static_cast<int>(t);
+    const ForwardProblem shorter_k = problem(128, 8192, 4096, t, tf32);
+    EXPECT_EQ(choose(shorter_k, aligned(shorter_k), kH200), GemmPath::kSm90) << "dtype " << static_cast<int>(t);
+    const ForwardProblem under_a_wave = problem(256, 8192, 8192, t, tf32);  // 128 tiles
+    EXPECT_EQ(choose(under_a_wave, aligned(under_a_wave), kH200), GemmPath::kSm90) << "dtype " << static_cast<int>(t);
+  }
+  // Exact fp32 is the generic path's anyway (rule 1).
+  const ForwardProblem exact = problem(256, 8192, 8192, ElementType::kFloat32);
+  EXPECT_EQ(choose(exact, aligned(exact), kH200), GemmPath::kGeneric);
 }
 
 TEST_F(ChoosePath, TmaRulesAndForcedRefusals) {

@@ -165,20 +165,23 @@ def test_dispatch_rules():
 @pytest.mark.skipif(not IS_HOPPER, reason="dispatch to sm90 needs a Hopper GPU")
 def test_auto_dispatch_runs_underfilled_grids_on_the_small_sm90_tile():
     # Grids that 256x128 tiles leave under one wave run the 128x128 ping-pong kernel, so auto dispatch
-    # picks sm90 for them too, except 16-bit inputs whose 128x128 grid is under one wave with K >= 8192
-    # (cuBLAS splits K there). Rule: fused::cuda::sm90_preferred. Results stay correct on both tiles
-    # and both paths.
+    # picks sm90 for them too, except where the 128x128 grid fills at most half the SMs with K >= 8192
+    # (cuBLASLt splits K there), in every dtype. Rule: fused::cuda::sm90_preferred. Results stay
+    # correct on both tiles and both paths.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert sms >= 2 * 64  # the shapes below assume an H100/H200-sized GPU
 
     def operands(m, n, k, dtype):
         return (torch.rand(m, k, device="cuda").to(dtype), (torch.randn(n, k, device="cuda") * 0.02).to(dtype))
 
-    assert gbs.dispatch_path(*operands(256, 8192, 8192, torch.bfloat16)) == "generic"      # 128 128x128 tiles, K 8192
+    assert gbs.dispatch_path(*operands(128, 8192, 8192, torch.bfloat16)) == "generic"      # 64 128x128 tiles, K 8192
+    assert gbs.dispatch_path(*operands(128, 8192, 8192, torch.float32), precision="tf32") == "generic"
+    assert gbs.dispatch_path(*operands(2048, 512, 8192, torch.float16)) == "generic"       # 64 tiles
+    assert gbs.dispatch_path(*operands(256, 8192, 8192, torch.bfloat16)) == "sm90"         # 128 tiles
     assert gbs.dispatch_path(*operands(256, 8192, 8192, torch.float32), precision="tf32") == "sm90"
-    assert gbs.dispatch_path(*operands(256, 8192, 4096, torch.bfloat16)) == "sm90"         # K 4096
-    assert gbs.dispatch_path(*operands(1024, 8192, 8192, torch.bfloat16)) == "sm90"        # 256 tiles
-    assert gbs.dispatch_path(*operands(1024, 2048, 4096, torch.bfloat16)) == "sm90"        # 64 tiles
+    assert gbs.dispatch_path(*operands(128, 8192, 4096, torch.bfloat16)) == "sm90"         # 64 tiles, K 4096
+    assert gbs.dispatch_path(*operands(1024, 8192, 8192, torch.bfloat16)) == "sm90"        # 512 tiles
+    assert gbs.dispatch_path(*operands(1024, 2048, 4096, torch.bfloat16)) == "sm90"        # 128 tiles
     assert gbs.dispatch_path(*operands(1024, 2048, 4096, torch.float32), precision="tf32") == "sm90"
     for m, n, k, dtype, precision in ((256, 8192, 2048, torch.bfloat16, None), (1000, 2048, 512, torch.float32, "tf32"),
                                       (300, 1028, 256, torch.float16, None)):
