@@ -6,10 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "util/cuda_check.h"
@@ -51,7 +48,7 @@ struct ThreadHandles {
 
 // This thread's handle for the current device (a cuBLAS handle belongs to the device that was
 // current when it was created).
-Status current_handle(cublasLtHandle_t* out, int* device_out) {
+Status current_handle(cublasLtHandle_t* out) {
   int device = 0;
   FUSED_RETURN_IF_ERROR(util::cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
   if (device < 0 || device >= kMaxDevices) return {StatusCode::kNotSupported, "cuBLASLt: device index above 63"};
@@ -69,7 +66,6 @@ Status current_handle(cublasLtHandle_t* out, int* device_out) {
     if (h == nullptr) FUSED_LT_CHECK(cublasLtCreate(&h));
   }
   *out = h;
-  *device_out = device;
   return Status::Ok();
 }
 
@@ -90,60 +86,6 @@ uint32_t alignment_of(const void* p) {
   return a;
 }
 
-// cuBLASLt's heuristic query is host work on every call that answers the same for the same
-// problem: its choice is kept per problem.
-// The key is everything the query reads (the descriptors and preferences built in gemm_bias).
-struct AlgoKey {
-  int32_t device, compute, ab_type, has_bias;
-  uint32_t align_a, align_b, align_d, pad = 0;
-  int64_t M, N, K, ldw, ldx, ldy;
-  uint64_t workspace_limit;
-  bool operator==(const AlgoKey& o) const { return std::memcmp(this, &o, sizeof(AlgoKey)) == 0; }
-};
-struct AlgoKeyHash {
-  std::size_t operator()(const AlgoKey& k) const {  // FNV-1a over the key's bytes (no padding: pad is set)
-    const auto* bytes = reinterpret_cast<const unsigned char*>(&k);
-    uint64_t h = 1469598103934665603ull;
-    for (std::size_t i = 0; i < sizeof(AlgoKey); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-    return static_cast<std::size_t>(h);
-  }
-};
-static_assert(sizeof(AlgoKey) == 8 * 4 + 6 * 8 + 8, "AlgoKey has no padding bytes (hashed and compared as bytes)");
-
-// Process-wide, bounded: a program cycling through more shapes than this re-queries, never grows.
-class AlgoCache {
- public:
-  bool find(const AlgoKey& key, cublasLtMatmulAlgo_t* algo) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = map_.find(key);
-    if (it == map_.end()) return false;
-    *algo = it->second;
-    return true;
-  }
-  void insert(const AlgoKey& key, const cublasLtMatmulAlgo_t& algo) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (map_.size() >= kMaxEntries) map_.clear();
-    map_[key] = algo;
-  }
-
- private:
-  static constexpr std::size_t kMaxEntries = 4096;
-  std::mutex mutex_;
-  std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> map_;
-};
-AlgoCache& algo_cache() {
-  static AlgoCache* c = new AlgoCache;  // never destroyed, like the handle pool
-  return *c;
-}
-// FUSED_DISABLE_ALGO_CACHE=1 in the environment (read once) queries every call: for A/B timing.
-bool algo_cache_enabled() {
-  static const bool disabled = [] {
-    const char* v = std::getenv("FUSED_DISABLE_ALGO_CACHE");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
-  return !disabled;
-}
-
 }  // namespace
 
 std::size_t cublaslt_workspace_bytes(const ForwardProblem& p) {
@@ -160,8 +102,7 @@ Status gemm_bias(const ForwardProblem& p, const ForwardBuffers& b, const float* 
                  std::size_t workspace_size, cudaStream_t stream) {
   if (p.M <= 0 || p.N <= 0 || p.K <= 0) return {StatusCode::kInvalidArgument, "cuBLASLt GEMM: M, N, K must be positive"};
   cublasLtHandle_t handle = nullptr;
-  int device = 0;
-  FUSED_RETURN_IF_ERROR(current_handle(&handle, &device));
+  FUSED_RETURN_IF_ERROR(current_handle(&handle));
 
   const bool tf32 = p.dtype == ElementType::kFloat32 && gemm_precision(p) == MatmulPrecision::kTF32;
   // Exact fp32 is COMPUTE_32F on fp32 operands (no TF32); 16-bit operands accumulate in fp32.
@@ -207,24 +148,16 @@ Status gemm_bias(const ForwardProblem& p, const ForwardBuffers& b, const float* 
   FUSED_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                       sizeof(align_d)));
 
-  const AlgoKey key{device, static_cast<int32_t>(compute), static_cast<int32_t>(ab), bias_f32 != nullptr ? 1 : 0,
-                    align_a, align_b, align_d, 0, p.M, p.N, p.K, b.ldw, b.ldx, b.ldy, ws_limit};
-  cublasLtMatmulAlgo_t algo;
-  const bool cached = algo_cache_enabled();
-  if (!cached || !algo_cache().find(key, &algo)) {
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    FUSED_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, a_layout, b_layout, d_layout, d_layout, pref, 1,
-                                                  &heuristic, &found));
-    if (found == 0)
-      return {StatusCode::kNotSupported, "cuBLASLt found no algorithm for this GEMM (dtype, strides or alignment)"};
-    algo = heuristic.algo;
-    if (cached) algo_cache().insert(key, algo);
-  }
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  FUSED_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, a_layout, b_layout, d_layout, d_layout, pref, 1,
+                                                &heuristic, &found));
+  if (found == 0)
+    return {StatusCode::kNotSupported, "cuBLASLt found no algorithm for this GEMM (dtype, strides or alignment)"};
 
   const float alpha = 1.0f, beta = 0.0f;
   FUSED_LT_CHECK(cublasLtMatmul(handle, op, &alpha, b.weight, a_layout, b.x, b_layout, &beta, b.y, d_layout, b.y,
-                                d_layout, &algo, workspace, ws_limit, stream));
+                                d_layout, &heuristic.algo, workspace, ws_limit, stream));
   return Status::Ok();
 }
 
