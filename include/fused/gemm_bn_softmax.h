@@ -127,9 +127,10 @@ enum class PathRequest : int { kAuto = 0, kSm90 = 1, kGeneric = 2, kRecompute = 
 //      (2x faster there, level with cuBLAS's GEMM alone), so sm90 wins almost everywhere; the
 //      exception is a 128x128 grid that fills at most half the SMs with K >= 8192: each CTA then
 //      runs a long K loop while half the GPU idles, and cuBLASLt's split-K GEMM plus the statistics
-//      pass is faster, on the GPU and in a loop bound by the host (H200, per call, GPU / host-bound
-//      loop: 128 x 8192 x 8192 bf16 55 / 58 us against 84 / 84, tf32 89 / 92 against 110 / 105;
-//      2048 x 512 x 8192 bf16 44 / 49 against 56 / 56). There the generic path runs; otherwise sm90.
+//      pass is faster on the GPU (H200, per call, GPU / loop bound by the host: 128 x 8192 x 8192 bf16
+//      55 / 58 us against 84 / 84, tf32 89 / 92 against 110 / 105; 2048 x 512 x 8192 bf16 44 / 49
+//      against 56 / 56, though on a slower host that loop took 68 against 56). There the generic
+//      path runs; otherwise sm90.
 //      At K = 4096 the generic path is faster on the GPU alone too, but its extra launches and
 //      cuBLASLt's host work cost more than that in a loop bound by the host, so sm90 stays.
 //   4. the recompute path runs only when asked for (request or environment): it never writes y, so

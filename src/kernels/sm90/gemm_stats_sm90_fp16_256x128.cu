@@ -9,7 +9,8 @@ Status run_fp16_256x128(const GemmStatsArgs& args, void* workspace, cudaStream_t
 }
 
 std::size_t workspace_fp16_256x128(const GemmStatsArgs& args) {
-  return detail::workspace_bytes<cutlass::half_t, detail::DefaultConfig>(args, detail::large_tile_scheduler(args.M, args.N));
+  return detail::workspace_bytes<cutlass::half_t, detail::DefaultConfig>(args,
+      detail::large_tile_scheduler(args.M, args.N));
 }
 
 }  // namespace fused::sm90::instances
