@@ -1,7 +1,8 @@
 """Forward and training-step benchmark of the fused op against its peers, all timed in one process.
 
-Forward cases: eager PyTorch (the reference model), torch.compile (default and
-max-autotune-no-cudagraphs; compile time reported separately), the bare GEMM of the same precision
+Forward cases: eager PyTorch (the reference model), torch.compile (default, compiled afresh
+--compile-repeats times: "ms" is the median of the compiles' medians, "ms_range" their range; and
+max-autotune-no-cudagraphs, compiled once; compile time reported separately), the bare GEMM of the same precision
 (F.linear), and the op on its generic and sm90 paths. CUDA events, warm-up, median/min/max of
 --iters runs, fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
 vs a float64 reference. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
@@ -97,7 +98,10 @@ def rel_err(got, want):
     return ((got.double() - want).norm() / want.norm()).item()
 
 
-def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False):
+def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False,
+               compile_repeats=1):
+    """The forward of one shape and mode: every impl's records. The default-mode torch.compile peer is
+    compiled afresh compile_repeats times (ms: the median of the compiles' medians; ms_range)."""
     dtype = MODES[mode]
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     precision = TRAIN_MODES[mode].precision
@@ -138,34 +142,37 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 pass
         for cmode in compile_modes:
             name = "compile" if cmode == "default" else "compile-max-autotune"
-            impls[name] = compiled_peer(ref, xd, cmode, dynamic)
+            impls[name] = functools.partial(compiled_peer, ref, xd, cmode, dynamic)  # a new compile per call
+
+        def measure(fn):
+            """rel error, memory and time of fn; compile_s: its first call (a compile for the peers)."""
+            t0 = time.perf_counter()
+            out = fn()  # first call: compiles the torch.compile peers
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            rec = {"rel_err": rel_err(out, want) if name != "gemm" else None}
+            del out
+            rec.update(measure_memory(fn))
+            # (compiled peers would recompile for grad; the recompute path runs without gradients only)
+            if training and not name.startswith("compile") and name != "recompute":
+                rec.update({f"{key}_autograd": v for key, v in measure_memory(fn, grad=True).items()})
+            rec["ms"], rec["ms_min"], rec["ms_max"] = time_ms(fn, iters)
+            return rec, first_s
+
         for name, fn in impls.items():
             try:
                 if name.startswith("compile"):
-                    # Every case builds a new model: without a reset the recompilations pile up
-                    # until dynamo's recompile limit silently falls back to eager.
-                    torch._dynamo.reset()
-                t0 = time.perf_counter()
-                out = fn()  # first call: compiles the torch.compile peers
-                torch.cuda.synchronize()
-                first_s = time.perf_counter() - t0
-                err = rel_err(out, want) if name != "gemm" else None
-                del out
-                memory = measure_memory(fn)
-                # (compiled peers would recompile for grad; the recompute path runs without gradients only)
-                if training and not name.startswith("compile") and name != "recompute":
-                    memory.update({f"{key}_autograd": v for key, v in measure_memory(fn, grad=True).items()})
-                med, lo, hi = time_ms(fn, iters)
+                    repeats = compile_repeats if name == "compile" else 1
+                    rec = merged_compile_repeats([measure(fn()) for _ in cold_compiles(repeats)])
+                else:
+                    rec, _ = measure(fn)
             except Exception as exc:  # report, keep benchmarking the others
                 print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
-            rec = {"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name,
-                   "training": training, "ms": med, "ms_min": lo, "ms_max": hi,
-                   "tflops": 2.0 * m * n * k / (med * 1e-3) / 1e12, "rel_err": err, **memory}
+            rec = {"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name, "training": training,
+                   **rec, "tflops": 2.0 * m * n * k / (rec["ms"] * 1e-3) / 1e12}
             if name in ("generic", "sm90", "recompute", "module"):
                 rec["auto_path"] = auto_path
-            if name.startswith("compile"):
-                rec["compile_s"] = first_s
             if profile and name in ("sm90", "generic", "recompute", "module"):
                 rec["kernels"] = profile_kernels(fn)
             records.append(rec)
@@ -178,6 +185,29 @@ def compiled_peer(model, x, cmode, dynamic):
     compiled = torch.compile(model, mode=None if cmode == "default" else "max-autotune-no-cudagraphs",
                              dynamic=dynamic)
     return lambda: compiled(x)
+
+
+def cold_compiles(repeats: int):
+    """Yields `repeats` times, each time with dynamo's compiled code dropped and inductor's caches
+    off, so that every torch.compile made inside is a cold compile (a cache hit would replay the
+    first compile's kernels and autotuning picks); dynamo is reset once more at the end. Without a
+    reset between cases, recompilations pile up until dynamo's limit silently falls back to eager."""
+    with torch.compiler.config.patch(force_disable_caches=True):
+        for _ in range(repeats):
+            torch._dynamo.reset()
+            yield
+    torch._dynamo.reset()
+
+
+def merged_compile_repeats(repeats):
+    """One record from (record, first-call seconds) pairs of separately compiled peers: ms is the
+    median of their medians, ms_range their range; min/max over every timed call; the first
+    compile's other fields (errors, memory)."""
+    medians = [r["ms"] for r, _ in repeats]
+    return {**repeats[0][0], "ms": statistics.median(medians),
+            "ms_min": min(r["ms_min"] for r, _ in repeats), "ms_max": max(r["ms_max"] for r, _ in repeats),
+            "ms_repeats": medians, "ms_range": [min(medians), max(medians)],
+            "compile_s": repeats[0][1], "compile_s_repeats": [s for _, s in repeats]}
 
 
 def measure_memory(fn, grad: bool = False):
@@ -388,21 +418,12 @@ def bench_train_case(case, m, n, k, mode, iters, compile_peer=True, profile=Fals
         try:
             if impl == "compile":
                 repeats = []
-                # Each repeat is a cold compile: dynamo's code dropped, and no kernels or autotuning picks
-                # from inductor's caches (a cache hit would replay the first compile). compile_s is cold too.
-                with torch.compiler.config.patch(force_disable_caches=True):
-                    for _ in range(TRAIN_COMPILE_REPEATS[case]):
-                        torch._dynamo.reset()
-                        compiled = torch.compile(model("eager"))
-                        repeats.append(measure_train_step(compiled, x, g, spec, want, iters, sgd))
-                        del compiled
-                        free_memory(x)
-                torch._dynamo.reset()
-                medians = [r["ms"] for r, _ in repeats]
-                rec = {**repeats[0][0], "ms": statistics.median(medians),
-                       "ms_min": min(r["ms_min"] for r, _ in repeats), "ms_max": max(r["ms_max"] for r, _ in repeats),
-                       "ms_repeats": medians, "ms_range": [min(medians), max(medians)],
-                       "compile_s": repeats[0][1], "compile_s_repeats": [s for _, s in repeats]}
+                for _ in cold_compiles(TRAIN_COMPILE_REPEATS[case]):  # compile_s is cold too
+                    compiled = torch.compile(model("eager"))
+                    repeats.append(measure_train_step(compiled, x, g, spec, want, iters, sgd))
+                    del compiled
+                    free_memory(x)
+                rec = merged_compile_repeats(repeats)
             else:
                 rec, _ = measure_train_step(model(impl), x, g, spec, want, iters, sgd, profile and impl == "fused",
                                             graph=True)
@@ -554,6 +575,10 @@ def main():
     p.add_argument("--train-iters", type=int, default=None, help="timed steps per train impl (default 30, --quick 20)")
     p.add_argument("--quick", action="store_true", help="a subset: fewer sizes and iterations")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers (slow to compile)")
+    p.add_argument("--compile-repeats", type=int, default=None, metavar="N",
+                   help="cold compiles of each forward case's default-mode torch.compile peer (default 3, "
+                        "--quick 1); its timings vary from compile to compile: the record keeps the median "
+                        "and the range. max-autotune compiles once")
     p.add_argument("--profile", action="store_true",
                    help="per-kernel GPU times (torch.profiler) of the op and of the fused training step (headline)")
     p.add_argument("--json", default=None, help="output path (default bench/results/<gpu>-<date>.json)")
@@ -563,6 +588,10 @@ def main():
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="start no new case after S seconds (the JSON is written after every case)")
     a = p.parse_args()
+    if a.compile_repeats is None:
+        a.compile_repeats = 1 if a.quick else 3
+    if a.compile_repeats < 1:
+        p.error("--compile-repeats must be at least 1")
     if not torch.cuda.is_available():
         sys.exit("bench_forward.py needs a CUDA GPU")
     iters = 30 if a.quick else max(a.iters, 30)
@@ -601,7 +630,8 @@ def main():
                                                   a.profile and case == "train-step" and (m, n, k) == headline)
         else:
             result["records"] += bench_case(case, m, n, k, mode, iters, cmodes, training,
-                                            a.profile and case in ("headline", "small-k"), dynamic)
+                                            a.profile and case in ("headline", "small-k"), dynamic,
+                                            a.compile_repeats)
         result["complete"] = i + 1 == len(todo)
         write_json(result, path)  # after every case: an interrupted run keeps what it measured
         torch.cuda.empty_cache()

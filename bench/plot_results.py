@@ -61,8 +61,12 @@ def best_op(records):
 def other_path(records, r):
     """The op's record on its other path (sm90 <-> generic), or None."""
     other = "generic" if r["impl"] == "sm90" else "sm90"
-    return next((x for x in records if (x["case"], x["M"], x["N"], x["K"], x["mode"], x["impl"]) ==
-                 (r["case"], r["M"], r["N"], r["K"], r["mode"], other)), None)
+    return record_of(records, (r["case"], r["M"], r["N"], r["K"], r["mode"], other)) or None
+
+
+def record_of(records, key):
+    """The record of (case, M, N, K, mode, impl), or {}."""
+    return next((x for x in records if (x["case"], x["M"], x["N"], x["K"], x["mode"], x["impl"]) == key), {})
 
 
 def peer_ms(records):
@@ -98,13 +102,17 @@ def forward_table(records, best, peers):
         case, m, n, k, mode = key
         e, c, ma, g = (peers.get(key + (p,)) for p in ("eager", "compile", "compile-max-autotune", "gemm"))
         other = other_path(records, r)
-        eager_rec = next((x for x in records if (x["case"], x["M"], x["N"], x["K"], x["mode"], x["impl"]) == key + ("eager",)), {})
+        eager_rec, compile_rec = (record_of(records, key + (impl,)) for impl in ("eager", "compile"))
+        vs_compile = fmt(c / r["ms"] if c else None, "%.2f×")
+        if len(compile_rec.get("ms_repeats", ())) > 1:  # the range over the compiles
+            lo, hi = compile_rec["ms_range"]
+            vs_compile += f" ({lo / r['ms']:.2f}–{hi / r['ms']:.2f})"
         peak = f"{fmt(r.get('peak_mib'), '%.0f')} / {fmt(eager_rec.get('peak_mib'), '%.0f')}"
         peak_ag = f"{fmt(r.get('peak_mib_autograd'), '%.0f')} / {fmt(eager_rec.get('peak_mib_autograd'), '%.0f')}"
         err = f"{fmt(r.get('rel_err'), '%.1e')} / {fmt(eager_rec.get('rel_err'), '%.1e')}"
         lines.append(f"| {case} | {m} | {n} | {k} | {mode} | {r['impl']} | {r['ms']:.4f} | "
                      f"{fmt(other['ms'] if other else None, '%.4f')} | {r['tflops']:.0f} | "
-                     f"{fmt(e / r['ms'] if e else None, '%.2f×')} | {fmt(c / r['ms'] if c else None, '%.2f×')} | "
+                     f"{fmt(e / r['ms'] if e else None, '%.2f×')} | {vs_compile} | "
                      f"{fmt(ma / r['ms'] if ma else None, '%.2f×')} | "
                      f"{fmt(r['ms'] / g if g else None, '%.3f')} | {peak} | {peak_ag} | {err} |")
     return lines

@@ -280,3 +280,39 @@ def test_forward_table_compares_each_shape_with_its_own_peers():
     assert float(rows[("256", "sm90")][8]) == pytest.approx(0.07 / 0.05, abs=1e-3)
     assert float(rows[("4096", "sm90")][8]) == pytest.approx(0.84 / 0.70, abs=1e-3)
     assert float(rows[("4096", "sm90")][9]) == pytest.approx(1.05 / 0.84, abs=1e-2)
+
+
+def test_compile_repeats_merge_into_median_and_range():
+    """The torch.compile peers (forward and train) compiled afresh several times: one record whose ms is
+    the median of the compiles' medians, with their range, and the forward table shows that range."""
+    import bench_forward
+
+    repeats = [({"ms": 0.30, "ms_min": 0.29, "ms_max": 0.33, "rel_err": 6e-3}, 41.0),
+               ({"ms": 0.22, "ms_min": 0.21, "ms_max": 0.24, "rel_err": 6e-3}, 12.0),
+               ({"ms": 0.25, "ms_min": 0.24, "ms_max": 0.26, "rel_err": 6e-3}, 13.0)]
+    rec = bench_forward.merged_compile_repeats(repeats)
+    assert rec["ms"] == 0.25 and rec["ms_range"] == [0.22, 0.30] and rec["ms_repeats"] == [0.30, 0.22, 0.25]
+    assert (rec["ms_min"], rec["ms_max"]) == (0.21, 0.33)
+    assert rec["compile_s"] == 41.0 and rec["compile_s_repeats"] == [41.0, 12.0, 13.0] and rec["rel_err"] == 6e-3
+
+    def fwd(impl, ms, **extra):
+        return {"case": "headline", "M": 1024, "N": 8192, "K": 8192, "mode": "bf16", "impl": impl, "ms": ms,
+                "tflops": 1.0, "rel_err": None, **extra}
+
+    records = [fwd("sm90", 0.20), fwd("eager", 0.27), fwd("gemm", 0.16), fwd("compile", 0.25, **{
+        k: rec[k] for k in ("ms_range", "ms_repeats")})]
+    row = next(line for line in plot_results.markdown({"records": records, "device": "d", "torch": "t", "cuda": "c",
+                                                       "git": "g", "date": "x"}).splitlines()
+               if line.startswith("| headline"))
+    assert "| 1.25× (1.10–1.50) |" in row
+    once = [r if r["impl"] != "compile" else fwd("compile", 0.25) for r in records]  # one compile: no range
+    row = next(line for line in plot_results.markdown({"records": once, "device": "d", "torch": "t", "cuda": "c",
+                                                       "git": "g", "date": "x"}).splitlines()
+               if line.startswith("| headline"))
+    assert "| 1.25× |" in row
+
+
+def test_bench_cli_refuses_zero_compile_repeats():
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "bench_forward.py"), "--compile-repeats", "0"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "--compile-repeats must be at least 1" in run.stderr
