@@ -142,9 +142,6 @@ FUSED_HD Split split_nearest_exact(float a) {
 // words to the exact split above). Rounding to nearest with ties away from zero is two integer
 // operations, against five for ties to even; the bounds are the same (ties are 2^-13 of the words).
 FUSED_HD uint32_t round_nearest_away_bits(uint32_t u) { return (u + (1u << (kDroppedBits - 1))) & ~kDroppedMask; }
-// The least magnitude (a word's bits without the sign) that round_nearest_away_bits takes to inf; inf
-// and NaN words are above it too.
-constexpr uint32_t kLeastMagnitudeRoundingAwayToInf = kExponentMask - (1u << (kDroppedBits - 1));
 
 // For an operand the kernel holds in registers: big = a rounded to nearest TF32 and small = (a - big)
 // rounded likewise (a - big is exact), both ties away from zero. Like split_nearest,

@@ -50,21 +50,10 @@ namespace fused::sm90::detail {
 
 using namespace cute;
 
-// The consumers meet at their per-k-tile barrier while the previous k-tile's products still run
-// (A/B switch: -DFUSED_3XTF32_EARLY_BARRIER=0 meets after them, with a two-slot ring).
-#ifndef FUSED_3XTF32_EARLY_BARRIER
-#define FUSED_3XTF32_EARLY_BARRIER 1
-#endif
-// Slots in the ring of B's small parts. Slot t % slots is written in k-tile t, before the barrier, so
-// k-tile t - slots's products must be known complete in both warpgroups by then: with the barrier
-// after the wait for k-tile t - 1's products, two slots suffice; with it before that wait, the last
-// barrier only vouches for k-tile t - 3's, so three.
-constexpr int kSmallSlots3xTf32 = FUSED_3XTF32_EARLY_BARRIER ? 3 : 2;
-
-// The ring of B's small parts (Mainloop3xTf32 asserts its storage is this size).
+// The ring of B's small parts: two stages of B (Mainloop3xTf32 asserts its storage is this size).
 template <class TileShape>
 constexpr int small_ring_bytes_3xtf32() {
-  return kSmallSlots3xTf32 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
+  return 2 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
 }
 
 // What one sm90 CTA may use (227 KiB).
@@ -120,7 +109,7 @@ struct Mainloop3xTf32 : Base {
 
   // B's small parts: a ring of kSmallSlots stages, laid out as a pipeline stage of B, so element i of
   // the stage and of a slot are the same (n, k).
-  static constexpr int kSmallSlots = kSmallSlots3xTf32;
+  static constexpr int kSmallSlots = 2;
   using SmemLayoutStageB = decltype(tile_to_shape(SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}))));
   using SmemLayoutSmallB = decltype(tile_to_shape(
       SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}), Int<kSmallSlots>{})));
@@ -246,25 +235,14 @@ struct Mainloop3xTf32 : Base {
       const int slot = k_tile % kSmallSlots;
 
       // While k-tile t - 1's products run: A's raw words into registers (not the ones they read) and
-      // this thread's share of B's small parts into slot t % kSmallSlots, last read by k-tile
-      // t - kSmallSlots's products, which both warpgroups saw complete before the last barrier.
+      // this thread's share of B's small parts into slot t % 2, last read by k-tile t - 2's products,
+      // which both warpgroups saw complete before the previous iteration's barrier.
       copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
       float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
       float* small_b = reinterpret_cast<float*>(shared_tensors.smem_B_small.data()) + slot * kStageElementsB;
       float probe = write_small_parts_fast(raw_b, small_b, thread_idx);
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
 
-#if FUSED_3XTF32_EARLY_BARRIER
-      // The barrier (and its inf/NaN vote) while k-tile t - 1's products run: after the wait below,
-      // each warpgroup only promotes, splits its A and issues, without waiting for the other. A's
-      // vote reads the raw words' magnitudes, not the split's values: were it computed from the split,
-      // the compiler could keep those in A's fragment registers, which the pending products still read
-      // (ptxas then serializes the wgmma, warning C7513).
-      uint32_t a_magnitude = 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(a_raw); ++i) a_magnitude = max(a_magnitude, a_raw(i) & ~tf32::kSignMask);
-      const bool special = sync_mma_threads_or(probe != probe || a_magnitude >= tf32::kLeastMagnitudeRoundingAwayToInf);
-#endif
       warpgroup_wait<0>();
       if (k_tile > 0) {
         promote();
@@ -275,19 +253,14 @@ struct Mainloop3xTf32 : Base {
       warpgroup_fence_operand(tCrA_small);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(a_raw); ++i) {
+        // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
         const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
         const float rest = tCrA_raw(i) - __uint_as_float(big);
-#if !FUSED_3XTF32_EARLY_BARRIER
-        // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
         probe = __fmaf_rn(rest, 0.0f, probe);
-#endif
         a_big(i) = big;
         a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(rest));
       }
-#if !FUSED_3XTF32_EARLY_BARRIER
-      const bool special = sync_mma_threads_or(probe != probe);
-#endif
-      if (special) {
+      if (sync_mma_threads_or(probe != probe)) {
         // inf or NaN in this k-tile (uniform across the CTA): every thread redoes its A registers and
         // its share of B with the exact split, whose small parts keep fp32's inf and NaN products.
         CUTLASS_PRAGMA_UNROLL
