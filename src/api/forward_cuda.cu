@@ -1,11 +1,7 @@
 // The CUDA forward: carves the workspace, runs [1] (sm90 GEMM + statistics epilogue, or cuBLASLt's
 // GEMM + the generic column partials), [2] finalize and [3] row softmax, all stream-ordered, no
-// host synchronisation, no allocation. On the sm90 path with batch statistics, [2] runs inside [1]'s
-// epilogue (the last CTA of each column tile finalizes its columns): one launch fewer, and no wait
-// for a finalize kernel between the GEMM and the softmax.
+// host synchronisation, no allocation.
 #include <cuda_runtime_api.h>
-
-#include <cstdlib>
 
 #include "api/dispatch.h"
 #include "api/forward_steps.h"
@@ -22,16 +18,6 @@ namespace fused::cuda {
 namespace {
 
 constexpr std::size_t kAlign = 256;
-
-// FUSED_DISABLE_EPILOGUE_FINALIZE=1 in the environment (read once) launches the finalize kernel after
-// the sm90 GEMM instead of finalizing in its epilogue: for A/B timing and debugging.
-bool epilogue_finalize_enabled() {
-  static const bool disabled = [] {
-    const char* v = std::getenv("FUSED_DISABLE_EPILOGUE_FINALIZE");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
-  return !disabled;
-}
 std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 #if defined(FUSED_WITH_SM90)
@@ -83,11 +69,8 @@ sm90::GemmStatsArgs gemm_args(const ForwardProblem& p, const ForwardBuffers& b, 
 std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, const ColumnStatsPartials& partials,
                        bool include_cublaslt_workspace) {
 #if defined(FUSED_WITH_SM90)
-  if (path == GemmPath::kSm90) {
-    sm90::GemmStatsArgs a = gemm_args(p, ForwardBuffers{}, partials);
-    a.finalize.enabled = true;  // its column-tile counters (a few bytes) whether or not it will be used
-    return align_up(sm90::gemm_workspace_bytes(p.dtype, p.precision, a));
-  }
+  if (path == GemmPath::kSm90)
+    return align_up(sm90::gemm_workspace_bytes(p.dtype, p.precision, gemm_args(p, ForwardBuffers{}, partials)));
 #else
   (void)partials;
 #endif
@@ -208,27 +191,16 @@ Status recompute_forward(const ForwardProblem& p, const ForwardBuffers& b, const
   return count_batch(bn.batch_counter(), stream);
 }
 
-// [1]: y = x W^T + b, and the column partials when `with_partials` (batch statistics). Given
-// `finalize_bn` (batch statistics of this call's rows), the sm90 path also does [2] in the GEMM's
-// epilogue and sets *finalized.
+// [1]: y = x W^T + b, and the column partials when `with_partials` (batch statistics).
 Status gemm_and_partials(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path, const WorkspaceRegions& w,
-                         bool with_partials, cudaStream_t stream, const BatchNormArgs* finalize_bn = nullptr,
-                         bool* finalized = nullptr) {
+                         bool with_partials, cudaStream_t stream) {
   if (p.M == 0) return Status::Ok();
   if (path == GemmPath::kSm90) {
 #if defined(FUSED_WITH_SM90)
     util::NvtxRange range("fused::gemm_stats_sm90");
     sm90::GemmStatsArgs args = gemm_args(p, b, w.partials);
     if (with_partials) args.partials = w.partials;
-    if (with_partials && finalize_bn != nullptr && epilogue_finalize_enabled()) {
-      args.finalize.enabled = true;
-      args.finalize.bn = *finalize_bn;
-      args.finalize.save_invstd = b.save_invstd;
-      args.finalize.affine = w.affine;
-    }
-    FUSED_RETURN_IF_ERROR(sm90::run_gemm_stats(p.dtype, p.precision, args, w.gemm, stream));
-    if (finalized != nullptr) *finalized = args.finalize.enabled;
-    return Status::Ok();
+    return sm90::run_gemm_stats(p.dtype, p.precision, args, w.gemm, stream);
 #else
     return {StatusCode::kNotSupported, "this build has no sm90 kernels"};
 #endif
@@ -242,10 +214,10 @@ Status gemm_and_partials(const ForwardProblem& p, const ForwardBuffers& b, GemmP
   return column_partials(b.y, b.ldy, p.M, p.N, w.partials, stream);
 }
 
-// [2] (unless [1] did it) and [3].
+// [2] and [3].
 Status finalize_and_softmax(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
-                            const WorkspaceRegions& w, cudaStream_t stream, bool finalized = false) {
-  if (!finalized) {
+                            const WorkspaceRegions& w, cudaStream_t stream) {
+  {
     util::NvtxRange range("fused::finalize");
     FUSED_RETURN_IF_ERROR(finalize(w.partials, p.M, p.N, bn, b.save_invstd, w.affine, stream));
   }
@@ -268,9 +240,8 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
                               workspace_bytes(p, path, b.cublaslt_workspace == nullptr), w));
   if (p.N == 0) return count_batch(bn.batch_counter(), stream);
   if (path == GemmPath::kRecompute) return recompute_forward(p, b, bn, w, stream);
-  bool finalized = false;
-  FUSED_RETURN_IF_ERROR(gemm_and_partials(p, b, path, w, bn.uses_batch_stats(), stream, &bn, &finalized));
-  return finalize_and_softmax(p, b, bn, w, stream, finalized);
+  FUSED_RETURN_IF_ERROR(gemm_and_partials(p, b, path, w, bn.uses_batch_stats(), stream));
+  return finalize_and_softmax(p, b, bn, w, stream);
 }
 
 Status gemm_column_moments(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path, double* record,

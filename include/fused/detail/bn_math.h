@@ -35,19 +35,11 @@ FUSED_HD void chan_merge(MeanM2& acc, double nb, double mean_b, double m2_b) {
   acc.n = n;
 }
 
-// How the partials are read: plainly, or (LoadPartial) through another cache path, e.g. from L2
-// when other CTAs of the same kernel wrote them.
-struct PlainLoad {
-  FUSED_HD float operator()(const float* p) const { return *p; }
-};
-
 // Merges the partials of column `col` over row tiles 0, 1, 2, ... (fixed order: deterministic).
 // The tiles are loaded kBatch at a time, then merged in order: on the GPU a batch's loads are in
 // flight together, where one load per merge step made finalize wait on L2 once per row tile (22 us
 // at M = 4096 on the H200).
-template <class LoadPartial = PlainLoad>
-FUSED_HD MeanM2 merge_column_partials(const ColumnStatsPartials& p, int64_t M, int64_t col,
-                                      LoadPartial load = LoadPartial{}) {
+FUSED_HD MeanM2 merge_column_partials(const ColumnStatsPartials& p, int64_t M, int64_t col) {
   constexpr int kBatch = 8;
   MeanM2 acc;
   for (int64_t t0 = 0; t0 < p.num_row_tiles; t0 += kBatch) {
@@ -57,8 +49,8 @@ FUSED_HD MeanM2 merge_column_partials(const ColumnStatsPartials& p, int64_t M, i
 #endif
     for (int j = 0; j < kBatch; ++j) {
       const bool in = t0 + j < p.num_row_tiles;
-      mean[j] = in ? load(p.mean + (t0 + j) * p.ld + col) : 0.f;
-      m2[j] = in ? load(p.m2 + (t0 + j) * p.ld + col) : 0.f;
+      mean[j] = in ? p.mean[(t0 + j) * p.ld + col] : 0.f;
+      m2[j] = in ? p.m2[(t0 + j) * p.ld + col] : 0.f;
     }
     for (int j = 0; j < kBatch && t0 + j < p.num_row_tiles; ++j)
       chan_merge(acc, static_cast<double>(row_tile_count(M, p.row_tile, t0 + j)), mean[j], m2[j]);

@@ -1,13 +1,6 @@
 // Sm90ColumnPartials: an sm90 epilogue visitor tree (EVT) node that writes per-CTA-tile column
-// statistics (mean, M2) of its input, modelled on cutlass::epilogue::fusion::Sm90RowReduction
-// (one slot per (CTA row tile, column), plain stores).
-//
-// Optionally (Arguments::finalize) it also finalizes BatchNorm, with Sm90RowReduction's
-// FinalReduction pattern: after writing its partials a CTA counts its column tile in a workspace
-// counter (zeroed before the launch by initialize_workspace), and the last CTA of each column tile
-// merges that tile's columns over every row tile in row-tile order (the same order and code as the
-// finalize kernel, so the same bits whichever CTA is last) and writes the folded per-column map, the
-// saved statistics and the running statistics. The separate finalize launch then goes away.
+// statistics (mean, M2) of its input, modelled on cutlass::epilogue::fusion::Sm90RowReduction with
+// FinalReduction = false (one slot per (CTA row tile, column), plain stores, no atomics, no workspace).
 //
 //   partials layout, n-major:   mean[m_tile * ld + n],  m2[m_tile * ld + n]
 //     m_tile in [0, ceil(M / CTA_M)),  ld = round_up(N, CTA_N)
@@ -40,11 +33,7 @@
 
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
-#include "cutlass/workspace.h"
 #include "cute/tensor.hpp"
-
-#include "fused/batchnorm.h"
-#include "fused/detail/bn_math.h"
 
 namespace fused::epilogue {
 
@@ -77,54 +66,34 @@ struct Sm90ColumnPartials {
     float* ptr_mean = nullptr;               // (ceil(M/CTA_M), round_up(N,CTA_N)) n-major, or null
     float* ptr_m2 = nullptr;                 // same layout as ptr_mean
     ElementBias const* ptr_bias = nullptr;   // (N) added to the reported mean, or null
-    // BatchNorm finalized here (needs the partials and batch statistics of this call's rows alone).
-    bool finalize = false;
-    fused::BatchNormArgs bn;
-    float* save_invstd = nullptr;            // (N)
-    fused::ColumnAffine affine;              // (N) each
   };
 
-  struct Params : Arguments {
-    int* tile_counters = nullptr;            // (ceil(N/CTA_N)), zeroed; with finalize only
-  };
+  using Params = Arguments;
 
   template <class ProblemShape>
-  static size_t counters_bytes(ProblemShape const& problem_shape) {
-    return size_t((int64_t(get<1>(problem_shape)) + CtaN - 1) / CtaN) * sizeof(int);
-  }
-
-  template <class ProblemShape>
-  static Params
-  to_underlying_arguments(ProblemShape const&, Arguments const& args, void* workspace) {
-    Params params;
-    static_cast<Arguments&>(params) = args;
-    params.tile_counters = args.finalize ? static_cast<int*>(workspace) : nullptr;
-    return params;
+  static constexpr Params
+  to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
   }
 
   template <class ProblemShape>
   static bool
   can_implement(ProblemShape const&, Arguments const& args) {
-    const bool finalize_ok = not args.finalize ||
-        (args.ptr_mean != nullptr && args.bn.uses_batch_stats() && args.bn.rank_moments == nullptr &&
-         args.save_invstd != nullptr && args.affine.shift != nullptr && args.affine.a != nullptr &&
-         args.affine.c != nullptr);
     return (args.ptr_mean == nullptr) == (args.ptr_m2 == nullptr) &&
-           (EnableNullptr || args.ptr_mean != nullptr) && finalize_ok;
+           (EnableNullptr || args.ptr_mean != nullptr);
   }
 
   template <class ProblemShape>
   static size_t
-  get_workspace_size(ProblemShape const& problem_shape, Arguments const& args) {
-    return args.finalize ? counters_bytes(problem_shape) : 0;
+  get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
   }
 
   template <class ProblemShape>
   static cutlass::Status
-  initialize_workspace(ProblemShape const& problem_shape, Arguments const& args, void* workspace, cudaStream_t stream,
-                       cutlass::CudaHostAdapter* cuda_adapter = nullptr) {
-    if (not args.finalize) return cutlass::Status::kSuccess;
-    return cutlass::zero_workspace(workspace, counters_bytes(problem_shape), stream, cuda_adapter);
+  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                       cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
   }
 
   CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
@@ -184,12 +153,12 @@ struct Sm90ColumnPartials {
     ConsumerStoreCallbacks(RTensor&& tCrK_, RTensor&& tCrS1_, RTensor&& tCrS2_, CTensor tCcD_, OrdTensor tCoD_,
                            ThrResidue residue_tCcD_, LaneLayoutMN lane_layout_MN_, int lane_m_,
                            WarpLayoutMN warp_layout_MN_, int warp_m_, bool cta_has_rows_,
-                           int m_tile_, int n_tile_, int M_, int N_, EpiTile epi_tile_,
+                           int m_tile_, int n_tile_, int N_, EpiTile epi_tile_,
                            TiledCopy tiled_copy_, int thread_idx_, Params const& params_)
       : tCrK(cute::forward<RTensor>(tCrK_)), tCrS1(cute::forward<RTensor>(tCrS1_)),
         tCrS2(cute::forward<RTensor>(tCrS2_)), tCcD(tCcD_), tCoD(tCoD_), residue_tCcD(residue_tCcD_),
         lane_layout_MN(lane_layout_MN_), lane_m(lane_m_), warp_layout_MN(warp_layout_MN_), warp_m(warp_m_),
-        cta_has_rows(cta_has_rows_), m_tile(m_tile_), n_tile(n_tile_), M(M_), N(N_),
+        cta_has_rows(cta_has_rows_), m_tile(m_tile_), n_tile(n_tile_), N(N_),
         epi_tile(epi_tile_), tiled_copy(tiled_copy_), thread_idx(thread_idx_), params(params_) { }
 
     RTensor tCrK;                     // shift K per column             (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
@@ -203,7 +172,7 @@ struct Sm90ColumnPartials {
     WarpLayoutMN warp_layout_MN;
     int warp_m;
     bool cta_has_rows;                // false: CTA wholly past M (or N) in a partially OOB cluster
-    int m_tile, n_tile, M, N;
+    int m_tile, n_tile, N;
     EpiTile epi_tile;
     TiledCopy tiled_copy;
     int thread_idx;
@@ -384,37 +353,7 @@ struct Sm90ColumnPartials {
         params.ptr_m2[offset] = M2[0];
       }
 
-      if (params.finalize) {
-        finalize_if_last(sCount, sync_fn);
-      }
       sync_fn();   // the collective reuses the staging buffer right after reduce()
-    }
-
-    // 5. (Arguments::finalize) Counts this CTA's partials in its column tile's counter; the last of
-    //    the column tile's ceil(M / CTA_M) CTAs finalizes its columns. `flag` is shared memory that no
-    //    thread reads any more.
-    template <class SyncFn>
-    CUTLASS_DEVICE void finalize_if_last(int* flag, SyncFn const& sync_fn) {
-      __threadfence();   // this CTA's partials, visible before its count
-      sync_fn();
-      const int row_tiles = (M + CtaM - 1) / CtaM;
-      if (thread_idx == 0) {
-        *flag = atomicAdd(&params.tile_counters[n_tile], 1) == row_tiles - 1;
-      }
-      sync_fn();
-      if (*flag == 0) {
-        return;   // uniform over the CTA's consumer threads
-      }
-      __threadfence();   // the other CTAs' partials, counted before this CTA's count
-      const int gcol = n_tile * CtaN + thread_idx;
-      if (thread_idx < CtaN && gcol < N) {
-        const fused::ColumnStatsPartials all{params.ptr_mean, params.ptr_m2, row_tiles, CtaM,
-                                             int64_t((N + CtaN - 1) / CtaN) * CtaN};
-        // Through L2: other SMs wrote these during this kernel.
-        auto load_l2 = [](const float* p) { return __ldcg(p); };
-        const fused::detail::MeanM2 s = fused::detail::merge_column_partials(all, M, gcol, load_l2);
-        fused::detail::finalize_column(gcol, s, params.bn, params.save_invstd, params.affine);
-      }
     }
   };
 
@@ -482,7 +421,7 @@ struct Sm90ColumnPartials {
                                   decltype(args.tiled_copy)>(
       cute::move(tCrK), cute::move(tCrS1), cute::move(tCrS2), args.tCcD, tCoD, args.residue_tCcD,
       lane_layout_MN, int(get<0>(lane_mn)), warp_layout_MN, int(get<0>(warp_mn)), cta_has_rows,
-      int(m), int(n), int(M), int(N), args.epi_tile, args.tiled_copy, args.thread_idx, params);
+      int(m), int(n), int(N), args.epi_tile, args.tiled_copy, args.thread_idx, params);
   }
 };
 

@@ -175,10 +175,6 @@ Status validate(const GemmStatsArgs& a) {
   const ColumnStatsPartials& p = a.partials;
   if ((p.mean == nullptr) != (p.m2 == nullptr))
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: partials.mean and partials.m2 must both be set or both null"};
-  if (a.finalize.enabled && (p.mean == nullptr || !a.finalize.bn.uses_batch_stats() ||
-                             a.finalize.bn.rank_moments != nullptr))
-    return {StatusCode::kInvalidArgument,
-            "sm90 gemm_stats: finalize in the epilogue needs the partials and this call's batch statistics"};
   if (p.mean != nullptr) {
     if (p.row_tile != KC::kTileM || p.ld != (a.N + KC::kTileN - 1) / KC::kTileN * KC::kTileN ||
         p.num_row_tiles < (a.M + KC::kTileM - 1) / KC::kTileM)
@@ -216,8 +212,7 @@ Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched, typ
   typename KC::FusionCallbacks::Arguments fusion_args{
       {                                                  // Sm90EVT<Partials, AccFetch>
           {},                                            //   acc
-          {a.partials.mean, a.partials.m2, bias,         //   column partials of acc (+ bias in the mean)
-           a.finalize.enabled, a.finalize.bn, a.finalize.save_invstd, a.finalize.affine}},  // and BN's finalize
+          {a.partials.mean, a.partials.m2, bias}},       //   column partials of acc (+ bias in the mean)
       {bias, ElementBias(0), {}},                        // bias row broadcast (null: adds 0)
       {}};                                               // plus
 
@@ -251,12 +246,6 @@ std::size_t kernel_workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sche
   if (a.ldx == 0) a.ldx = a.K;
   if (a.ldw == 0) a.ldw = a.K;
   if (a.ldy == 0) a.ldy = a.N;
-  if (a.finalize.enabled && a.partials.mean == nullptr) {  // the partials' geometry as run_kernel checks it
-    a.partials.mean = a.partials.m2 = static_cast<float*>(stand_in);
-    a.partials.row_tile = KC::kTileM;
-    a.partials.num_row_tiles = (a.M + KC::kTileM - 1) / KC::kTileM;
-    a.partials.ld = (a.N + KC::kTileN - 1) / KC::kTileN * KC::kTileN;
-  }
   using Gemm = typename KC::Gemm;
   typename Gemm::Arguments args;
   if (!make_arguments<KC>(a, sched, args).ok()) return 0;

@@ -38,16 +38,6 @@ struct GemmStatsArgs {
   // epilogue computes no statistics (eval mode).
   ColumnStatsPartials partials;
   Sm90Tile tile = Sm90Tile::k256x128;  // the kernel shape; the partials geometry follows it
-  // BatchNorm finalized in the epilogue (enabled: needs the partials, and batch statistics of this
-  // call's rows, bn.rank_moments null): the last CTA to finish each column tile does what
-  // fused::cuda::finalize does for its columns, so the caller launches no finalize. The kernel's
-  // workspace then holds a counter per column tile, zeroed by a memset before the launch.
-  struct EpilogueFinalize {
-    bool enabled = false;
-    BatchNormArgs bn;
-    float* save_invstd = nullptr;  // (N)
-    ColumnAffine affine;           // (N) each
-  } finalize;
 };
 
 // Device workspace the GEMM itself needs (tile scheduler etc.), bytes, of the kernel run_gemm_stats
