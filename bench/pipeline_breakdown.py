@@ -1,0 +1,95 @@
+"""Where the forward's GPU time goes: the op (sm90 path, training mode) replayed from a CUDA graph of
+20 calls, its time per call (median of 30 replays, with the range), and each kernel's time per call
+from torch.profiler over the same replays. With programmatic dependent launch (the default) a
+kernel's profiled time includes the time it waits for its predecessor, so compare totals; set
+FUSED_DISABLE_PDL=1 for each kernel's own time (then "total - sum" is the launch gaps)."""
+import argparse
+import collections
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+import gemm_bn_softmax as gbs  # noqa: E402
+
+CALLS = 20
+
+
+def graph_of(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def per_call_us(graph, replays=30):
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / CALLS * 1e3)
+    times.sort()
+    return times[len(times) // 2], times[0], times[-1]
+
+
+def kernel_us(graph, replays=5):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    total = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name
+        key = ("gemm" if "cutlass" in name or "gemm" in name.lower() else "finalize" if "final" in name
+               else "softmax" if "softmax" in name else name[:40])
+        total[key] += e.device_time_total
+    return {k: v / (replays * CALLS) for k, v in total.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--cases", nargs="+", default=["bf16:1024x8192x8192", "tf32:1024x8192x8192",
+                                                   "bf16:4096x8192x8192"],
+                   help="mode:MxNxK, mode bf16 or tf32")
+    a = p.parse_args()
+    pdl = os.environ.get("FUSED_DISABLE_PDL", "0") in ("", "0")
+    for case in a.cases:
+        mode, size = case.split(":")
+        m, n, k = (int(v) for v in size.split("x"))
+        dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+        torch.manual_seed(0)
+        mod = gbs.FusedGemmBNSoftmax(k, n, precision="tf32" if mode == "tf32" else None).cuda().to(dtype)
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        bn = mod.bn
+        call = lambda: gbs.gemm_bn_softmax(x, mod.gemm.weight, mod.gemm.bias, bn.weight, bn.bias, bn.running_mean,  # noqa: E731
+                                           bn.running_var, mod.scale, training=True, precision=mod.precision,
+                                           path="sm90")
+        with torch.no_grad():
+            graph = graph_of(call)
+            med, lo, hi = per_call_us(graph)
+            kernels = kernel_us(graph)
+            med2, _, _ = per_call_us(graph)
+        ksum = sum(kernels.values())
+        print(f"pdl={int(pdl)} {mode} {size}: op {med:.1f} us ({lo:.1f}-{hi:.1f}; again {med2:.1f}) | kernels "
+              + " ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items()))
+              + f" | sum {ksum:.1f} | total - sum {med - ksum:+.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
