@@ -45,6 +45,17 @@ def per_call_us(graph, replays=30):
     return times[len(times) // 2], times[0], times[-1]
 
 
+def kernel_group(name):
+    """The forward's stage a kernel belongs to, from its (demangled) name; other kernels keep theirs."""
+    if "cutlass" in name or "gemm" in name.lower():
+        return "gemm"
+    if "finalize" in name:
+        return "finalize"
+    if "softmax" in name:
+        return "softmax"
+    return name[:40]
+
+
 def kernel_us(graph, replays=5):
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -55,10 +66,7 @@ def kernel_us(graph, replays=5):
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        name = e.name
-        key = ("gemm" if "cutlass" in name or "gemm" in name.lower() else "finalize" if "final" in name
-               else "softmax" if "softmax" in name else name[:40])
-        total[key] += e.device_time_total
+        total[kernel_group(e.name)] += e.device_time_total
     return {k: v / (replays * CALLS) for k, v in total.items()}
 
 

@@ -11,6 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BENCH = os.path.join(ROOT, "bench")
 
 import ncu_summary  # noqa: E402
+import pipeline_breakdown  # noqa: E402
 import plot_results  # noqa: E402
 
 RESULT = os.path.join(BENCH, "results", "h200-2026-11-29.json")
@@ -316,3 +317,18 @@ def test_bench_cli_refuses_zero_compile_repeats():
     run = subprocess.run([sys.executable, os.path.join(BENCH, "bench_forward.py"), "--compile-repeats", "0"],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "--compile-repeats must be at least 1" in run.stderr
+
+
+def test_pipeline_breakdown_groups_the_forward_kernels():
+    # Names as torch.profiler reports them on the H200 (the GEMM's shortened).
+    names = {
+        "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<...> >(...)": "gemm",
+        "fused::cuda::(anonymous namespace)::finalize_kernel(fused::ColumnStatsPartials, ...)": "finalize",
+        "void fused::cuda::(anonymous namespace)::softmax_rows_in_registers<512, 4>(...)": "softmax",
+        "Memset (Device)": "Memset (Device)",
+    }
+    for name, group in names.items():
+        assert pipeline_breakdown.kernel_group(name) == group
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "pipeline_breakdown.py"), "--help"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "FUSED_DISABLE_PDL" in run.stdout
