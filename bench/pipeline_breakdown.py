@@ -2,7 +2,11 @@
 20 calls, its time per call (median of 30 replays, with the range), and each kernel's time per call
 from torch.profiler over the same replays. With programmatic dependent launch (the default) a
 kernel's profiled time includes the time it waits for its predecessor, so compare totals; set
-FUSED_DISABLE_PDL=1 for each kernel's own time (then "total - sum" is the launch gaps)."""
+FUSED_DISABLE_PDL=1 for each kernel's own time (then "total - sum" is the launch gaps).
+
+--copy-reference adds, per case, the time of a copy that moves the softmax's bytes: y (M, N) fp32
+read once and written once in the output's dtype (`out.copy_(y)`, replayed and profiled the same
+way), and the softmax kernel's share of that copy's bandwidth."""
 import argparse
 import collections
 import os
@@ -75,6 +79,8 @@ def main():
     p.add_argument("--cases", nargs="+", default=["bf16:1024x8192x8192", "tf32:1024x8192x8192",
                                                    "bf16:4096x8192x8192"],
                    help="mode:MxNxK, mode bf16 or tf32")
+    p.add_argument("--copy-reference", action="store_true",
+                   help="also time a copy of y into the output's dtype (the softmax's bytes)")
     a = p.parse_args()
     pdl = os.environ.get("FUSED_DISABLE_PDL", "0") in ("", "0")
     for case in a.cases:
@@ -97,6 +103,16 @@ def main():
         print(f"pdl={int(pdl)} {mode} {size}: op {med:.1f} us ({lo:.1f}-{hi:.1f}; again {med2:.1f}) | kernels "
               + " ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items()))
               + f" | sum {ksum:.1f} | total - sum {med - ksum:+.1f}", flush=True)
+        if a.copy_reference:
+            y = torch.randn(m, n, device="cuda", dtype=torch.float32)
+            out = torch.empty(m, n, device="cuda", dtype=dtype)
+            copy_kernels = kernel_us(graph_of(lambda: out.copy_(y)))
+            copy = sum(copy_kernels.values())
+            moved = m * n * (4 + out.element_size())
+            print(f"    copy of y to {str(dtype).replace('torch.', '')} ({moved / 2**20:.0f} MiB moved): {copy:.1f} us "
+                  f"= {moved / copy / 1e6:.2f} TB/s; softmax {kernels.get('softmax', float('nan')):.1f} us "
+                  f"= {moved / kernels.get('softmax', float('nan')) / 1e6:.2f} TB/s, "
+                  f"{100 * copy / kernels.get('softmax', float('nan')):.0f} % of the copy's bandwidth", flush=True)
 
 
 if __name__ == "__main__":
