@@ -151,31 +151,9 @@ __device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float mx, int64_t
   }
 }
 
-// CTAs per SM that the register-held layouts ask the compiler to fit (__launch_bounds__'s minimum):
-// as many as leave each thread its row part (kVecs float4) and about 24 more registers, within the
-// SM's threads. Without it the 512x4 staged kernel took 50 registers, two CTAs per SM, and waited on
-// its loads (H200, Nsight Compute: 50 % occupancy, 37 % of the stalls on L1TEX).
-// Resident threads per SM of the architecture being compiled (Turing 1024, Ampere/Ada GA10x/AD10x
-// 1536, else 2048); the host pass does not use the value.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-constexpr int kThreadsPerSm = 1024;
-#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
-constexpr int kThreadsPerSm = 1536;
-#else
-constexpr int kThreadsPerSm = 2048;
-#endif
-
-template <int kThreads, int kVecs>
-constexpr int register_row_min_ctas() {
-  constexpr int by_registers = 65536 / (kThreads * (kVecs * 4 + 24));
-  constexpr int by_threads = kThreadsPerSm / kThreads;
-  constexpr int ctas = by_registers < by_threads ? by_registers : by_threads;
-  return ctas > 0 ? ctas : 1;
-}
-
 // One CTA per row, held in registers: kVecs float4 per thread.
 template <int kThreads, int kVecs, bool kVec, class TOut>
-__global__ void __launch_bounds__(kThreads, register_row_min_ctas<kThreads, kVecs>())
+__global__ void __launch_bounds__(kThreads)
     softmax_rows_in_registers(const float* __restrict__ y, int64_t ldy, int64_t N, ColumnAffine f,
                               TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse,
                               int64_t* batch_counter) {
@@ -200,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, register_row_min_ctas<kThreads, kVec
 // by one bulk copy, issued as soon as the previous row has moved into registers. sm90 only; rows
 // 16-byte aligned, N % 4 == 0 (whole float4, bulk-copy sizes), N <= kThreads * kVecs * 4.
 template <int kThreads, int kVecs, class TOut>
-__global__ void __launch_bounds__(kThreads, register_row_min_ctas<kThreads, kVecs>())
+__global__ void __launch_bounds__(kThreads)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
   __shared__ alignas(16) float4 row_buffer[kThreads * kVecs];
