@@ -84,7 +84,9 @@ def main():
     a = p.parse_args()
     pdl = os.environ.get("FUSED_DISABLE_PDL", "0") in ("", "0")
     for case in a.cases:
-        mode, size = case.split(":")
+        mode, _, size = case.partition(":")
+        if mode not in ("bf16", "tf32") or len(size.split("x")) != 3:
+            p.error(f"case {case!r}: expected bf16:MxNxK or tf32:MxNxK")
         m, n, k = (int(v) for v in size.split("x"))
         dtype = torch.bfloat16 if mode == "bf16" else torch.float32
         torch.manual_seed(0)

@@ -332,3 +332,6 @@ def test_pipeline_breakdown_groups_the_forward_kernels():
     run = subprocess.run([sys.executable, os.path.join(BENCH, "pipeline_breakdown.py"), "--help"],
                          capture_output=True, text=True)
     assert run.returncode == 0 and "FUSED_DISABLE_PDL" in run.stdout
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "pipeline_breakdown.py"), "--cases", "fp16:8x8x8"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "expected bf16:MxNxK or tf32:MxNxK" in run.stderr
