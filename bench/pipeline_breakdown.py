@@ -14,39 +14,24 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import bench_forward  # noqa: E402  (its CUDA-graph capture and CUDA-event timer)
 import gemm_bn_softmax as gbs  # noqa: E402
 
 CALLS = 20
 
 
 def graph_of(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
+    """CALLS calls of fn captured in one CUDA graph (after warm-up calls on a side stream)."""
+    return bench_forward.capture(lambda: [fn() for _ in range(CALLS)])
 
 
 def per_call_us(graph, replays=30):
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / CALLS * 1e3)
-    times.sort()
-    return times[len(times) // 2], times[0], times[-1]
+    """Median, min and max µs per call over `replays` replays of a graph of CALLS calls."""
+    med, lo, hi = bench_forward.time_ms(graph.replay, replays)
+    return tuple(ms / CALLS * 1e3 for ms in (med, lo, hi))
 
 
 def kernel_group(name):
