@@ -144,8 +144,9 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
             name = "compile" if cmode == "default" else "compile-max-autotune"
             impls[name] = functools.partial(compiled_peer, ref, xd, cmode, dynamic)  # a new compile per call
 
-        def measure(fn):
-            """rel error, memory and time of fn; compile_s: its first call (a compile for the peers)."""
+        def measure(name, fn):
+            """rel error, memory and time of impl `name`'s fn, and the seconds of its first call (a
+            compile for the peers)."""
             t0 = time.perf_counter()
             out = fn()  # first call: compiles the torch.compile peers
             torch.cuda.synchronize()
@@ -163,9 +164,9 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
             try:
                 if name.startswith("compile"):
                     repeats = compile_repeats if name == "compile" else 1
-                    rec = merged_compile_repeats([measure(fn()) for _ in cold_compiles(repeats)])
+                    rec = merged_compile_repeats([measure(name, fn()) for _ in cold_compiles(repeats)])
                 else:
-                    rec, _ = measure(fn)
+                    rec, _ = measure(name, fn)
             except Exception as exc:  # report, keep benchmarking the others
                 print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
