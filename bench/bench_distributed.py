@@ -21,12 +21,14 @@ between, so launch overheads hide behind the kernels as they do in a loop):
   collectives       what the collectives cost alone: "all_gather-moments" (2N + 1 float64 a rank, the
                     forward's exchange) and "all_reduce-grads" (every parameter's gradient in the model
                     dtype, what DDP reduces in each step)
-Every record carries "world_size", and "host_ms": the host time to issue one call onto an idle GPU.
+Every record carries "world_size", "ddp_options" (what --ddp passed to every DDP wrapper, fused and
+eager alike), and "host_ms": the host time to issue one call onto an idle GPU.
 Writes bench/results/<gpu>-x<world>-<date>-distributed.json.
 --profile prints rank 0's kernels and host time per op (torch.profiler) for a fused forward and step.
 
     python bench/bench_distributed.py                      # all GPUs of the machine, headline sizes
     python bench/bench_distributed.py --device cpu --world 2 --size 64x96x80 --iters 3   # smoke run
+    python bench/bench_distributed.py --cases sync-train-step --ddp gradient_as_bucket_view=True
 """
 from __future__ import annotations
 
@@ -124,13 +126,38 @@ def graph_ms(fn, device, iters):
     return time_ms(graph.replay, device, iters, warmup=3)
 
 
+def ddp_options(specs):
+    """--ddp's NAME=VALUE pairs as DDP keyword arguments (values True/False, ints, floats); a name DDP
+    does not take is refused here, before any process starts."""
+    import inspect
+
+    known = set(inspect.signature(DDP.__init__).parameters) - {"self", "module", "device_ids"}
+    options = {}
+    for spec in specs:
+        name, sep, text = spec.partition("=")
+        if not sep or name not in known:
+            raise ValueError(f"--ddp takes NAME=VALUE with NAME one of DDP's arguments, got {spec!r}")
+        value = {"True": True, "False": False}.get(text)
+        for parse in (int, float):
+            if value is None:
+                try:
+                    value = parse(text)
+                except ValueError:
+                    pass
+        if value is None:
+            raise ValueError(f"--ddp {name}: {text!r} is not True, False or a number")
+        options[name] = value
+    return options
+
+
 def measure(case, impl, fn, a, device, m, n, k, world, graph=False):
     ms, lo = graph_ms(fn, device, a.iters) if graph else time_ms(fn, device, a.iters, warmup=5)
     host = None if graph else host_ms(fn, device)
     medians = [None] * world
     dist.all_gather_object(medians, ms)
     return {"case": case, "impl": impl + ("-cuda-graph" if graph else ""), "world_size": world, "M": m, "N": n,
-            "K": k, "mode": a.mode, "ms": ms, "min": lo, "ms_slowest_rank": max(medians), "host_ms": host}
+            "K": k, "mode": a.mode, "ddp_options": a.ddp_options, "ms": ms, "min": lo,
+            "ms_slowest_rank": max(medians), "host_ms": host}
 
 
 def run(rank, a, port, out_path):
@@ -186,7 +213,7 @@ def measure_all(rank, a, device):
                     record("sync-forward", impl, lambda: model(x), graph=True)
             if "sync-train-step" in a.cases:
                 wrapped = model if impl == "fused-1gpu" else DDP(model, device_ids=[rank] if device.type == "cuda"
-                                                                 else None)
+                                                                 else None, **a.ddp_options)
                 sgd = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=True)
                 xg = x.clone().requires_grad_()
                 record("sync-train-step", impl, lambda: train_step(wrapped, xg, g, sgd))
@@ -269,9 +296,15 @@ def main(argv=None):
     p.add_argument("--mode", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--ddp", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="DDP options for every wrapped block, e.g. gradient_as_bucket_view=True broadcast_buffers=False")
     p.add_argument("--profile", action="store_true", help="print rank 0's kernels of one fused forward and step")
     p.add_argument("--out", default=None, help="JSON path (default: bench/results/<gpu>-x<world>-<date>-distributed.json)")
     a = p.parse_args(argv)
+    try:
+        a.ddp_options = ddp_options(a.ddp)
+    except ValueError as e:
+        p.error(str(e))
     if a.world is None:
         a.world = torch.cuda.device_count() if a.device == "cuda" else 2
     if a.world < 2 or (a.device == "cuda" and torch.cuda.device_count() < a.world):

@@ -267,6 +267,29 @@ def test_distributed_benchmark_smoke_run_on_cpu_processes(tmp_path):
     assert all(r["world_size"] == 2 and r["ms"] > 0 for r in data["records"])
 
 
+def test_distributed_benchmark_passes_ddp_options_to_every_ddp_wrapper(tmp_path):
+    """--ddp NAME=VALUE reaches the DDP wrappers (a gradient-bucket view on gloo processes) and every
+    record names the options; a name DDP does not take, or a value that is not a bool or number, is
+    refused before any process starts."""
+    import bench_distributed
+
+    assert bench_distributed.ddp_options(["gradient_as_bucket_view=True", "bucket_cap_mb=50",
+                                          "broadcast_buffers=False"]) == {
+        "gradient_as_bucket_view": True, "bucket_cap_mb": 50, "broadcast_buffers": False}
+    for bad in (["no_such_option=1"], ["bucket_cap_mb"], ["bucket_cap_mb=lots"]):
+        with pytest.raises(ValueError):
+            bench_distributed.ddp_options(bad)
+    with pytest.raises(SystemExit):
+        bench_distributed.main(["--device", "cpu", "--ddp", "no_such_option=1"])
+    out = tmp_path / "d.json"
+    assert bench_distributed.main(["--device", "cpu", "--world", "2", "--size", "16x24x8", "--iters", "2",
+                                   "--mode", "fp32", "--cases", "sync-train-step", "--ddp",
+                                   "gradient_as_bucket_view=True", "--out", str(out)]) == 0
+    records = json.load(open(out))["records"]
+    assert {r["impl"] for r in records} == {"fused", "fused-1gpu"}
+    assert all(r["ddp_options"] == {"gradient_as_bucket_view": True} for r in records)
+
+
 def test_forward_table_compares_each_shape_with_its_own_peers():
     """A sweep case holds several shapes: "vs gemm" / "vs eager" divide by the peers of the same M, N, K."""
     import bench_forward
