@@ -127,8 +127,8 @@ def graph_ms(fn, device, iters):
 
 
 def ddp_options(specs):
-    """--ddp's NAME=VALUE pairs as DDP keyword arguments (values True/False, ints, floats); a name DDP
-    does not take is refused here, before any process starts."""
+    """--ddp's NAME=VALUE pairs as DDP keyword arguments (values True/False, ints, floats). A name DDP
+    does not take, or a value of another kind, is refused here, before any process starts."""
     import inspect
 
     known = set(inspect.signature(DDP.__init__).parameters) - {"self", "module", "device_ids"}
