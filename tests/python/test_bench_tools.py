@@ -290,6 +290,21 @@ def test_distributed_benchmark_passes_ddp_options_to_every_ddp_wrapper(tmp_path)
     assert all(r["ddp_options"] == {"gradient_as_bucket_view": True} for r in records)
 
 
+def test_narrow_y_emulation_loses_accuracy_where_columns_sit_far_from_zero():
+    """bench/narrow_y_accuracy.py: y rounded to 16 bits is less accurate than fp32 y, by a little on
+    the benchmark's data and by more than 10x when every column's mean is far from zero against its
+    spread; the fp32-y error does not depend on the shift."""
+    import narrow_y_accuracy
+
+    plain = narrow_y_accuracy.errors(64, 32, 256)
+    shifted = narrow_y_accuracy.errors(64, 32, 256, bias_shift=10.0)
+    for dt in ("bf16", "fp16"):
+        assert plain[f"{dt}, fp32 y"] < plain[f"{dt}, {dt} y"] < 2 * plain[f"{dt}, fp32 y"]
+        assert shifted[f"{dt}, {dt} y"] > 10 * shifted[f"{dt}, fp32 y"]
+        assert shifted[f"{dt}, fp32 y"] == pytest.approx(plain[f"{dt}, fp32 y"], rel=1e-3)
+    assert plain["bf16, fp32 y"] < 5e-3 and plain["fp16, fp32 y"] < 1e-3
+
+
 def test_forward_table_compares_each_shape_with_its_own_peers():
     """A sweep case holds several shapes: "vs gemm" / "vs eager" divide by the peers of the same M, N, K."""
     import bench_forward
