@@ -153,11 +153,12 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
         out, mean, invstd, y, row_lse = _ops.gemm_bn_softmax(
             xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, training, momentum,
             eps, precision, path, None, out_dtype or linear)
-        # The whole row's log-normaliser, and this rank's columns renormalised to it, in place: float32
-        # math rounded once to out's dtype (the bits of (out * factor).to(out.dtype)), without writing
-        # an (M, N_r) float32 temporary and reading it back. out is this Function's own, never saved.
+        # The whole row's log-normaliser, and this rank's columns renormalised to it.
         lse = torch.logsumexp(exchange_records(row_lse, group), dim=0)
-        out.mul_(torch.exp(row_lse - lse)[:, None])
+        # (float32 math, one rounding to out's dtype; no .to() when that is float32 already: a no-op
+        # .to() on this output makes torch 2.11's torch.compile trace the backward with zero gradients)
+        scaled = out * torch.exp(row_lse - lse)[:, None]
+        out = scaled if scaled.dtype == out.dtype else scaled.to(out.dtype)
         _save_for_backward(ctx, y, mean, invstd, lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
                            group)
         ctx.batch_stats = training or running_mean is None
