@@ -22,7 +22,8 @@ between, so launch overheads hide behind the kernels as they do in a loop):
                     forward's exchange) and "all_reduce-grads" (every parameter's gradient in the model
                     dtype, what DDP reduces in each step)
 Every record carries "world_size", "ddp_options" (what --ddp passed to every DDP wrapper, fused and
-eager alike), and "host_ms": the host time to issue one call onto an idle GPU.
+eager alike), and "host_ms": the host time to issue one call onto an idle GPU; a DDP training step's
+record also "ddp_applied", those options as the DDP object holds them.
 Writes bench/results/<gpu>-x<world>-<date>-distributed.json.
 --profile prints rank 0's kernels and host time per op (torch.profiler) for a fused forward and step.
 
@@ -218,6 +219,10 @@ def measure_all(rank, a, device):
                 xg = x.clone().requires_grad_()
                 record("sync-train-step", impl, lambda: train_step(wrapped, xg, g, sgd))
                 if impl != "fused-1gpu":
+                    # What the DDP object holds of --ddp's options (those it keeps as attributes of the
+                    # same name): evidence that they reached it.
+                    records[-1]["ddp_applied"] = {name: getattr(wrapped, name) for name in a.ddp_options
+                                                  if hasattr(wrapped, name)}
                     record("sync-train-step-local-grads", impl, lambda: train_step(wrapped, xg, g, sgd, True))
                 if a.profile and impl == "fused":  # every rank runs it (collectives), rank 0 prints
                     profile("fused forward", lambda: model(x), device, rank)

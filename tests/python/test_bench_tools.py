@@ -268,9 +268,9 @@ def test_distributed_benchmark_smoke_run_on_cpu_processes(tmp_path):
 
 
 def test_distributed_benchmark_passes_ddp_options_to_every_ddp_wrapper(tmp_path):
-    """--ddp NAME=VALUE reaches the DDP wrappers (a gradient-bucket view on gloo processes) and every
-    record names the options; a name DDP does not take, or a value that is not a bool or number, is
-    refused before any process starts."""
+    """--ddp NAME=VALUE reaches the DDP wrapper (its gradient_as_bucket_view attribute, on gloo
+    processes) and every record names the options; a name DDP does not take, or a value that is not a
+    bool or number, is refused before any process starts."""
     import bench_distributed
 
     assert bench_distributed.ddp_options(["gradient_as_bucket_view=True", "bucket_cap_mb=50",
@@ -288,6 +288,8 @@ def test_distributed_benchmark_passes_ddp_options_to_every_ddp_wrapper(tmp_path)
     records = json.load(open(out))["records"]
     assert {r["impl"] for r in records} == {"fused", "fused-1gpu"}
     assert all(r["ddp_options"] == {"gradient_as_bucket_view": True} for r in records)
+    ddp_step = [r for r in records if r["case"] == "sync-train-step" and r["impl"] == "fused"]
+    assert [r["ddp_applied"] for r in ddp_step] == [{"gradient_as_bucket_view": True}]
 
 
 def test_narrow_y_emulation_loses_accuracy_where_columns_sit_far_from_zero():
