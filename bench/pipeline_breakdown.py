@@ -96,10 +96,10 @@ def main():
             copy_kernels = kernel_us(graph_of(lambda: out.copy_(y)))
             copy = sum(copy_kernels.values())
             moved = m * n * (4 + out.element_size())
+            softmax = kernels.get("softmax", float("nan"))
             print(f"    copy of y to {str(dtype).replace('torch.', '')} ({moved / 2**20:.0f} MiB moved): {copy:.1f} us "
-                  f"= {moved / copy / 1e6:.2f} TB/s; softmax {kernels.get('softmax', float('nan')):.1f} us "
-                  f"= {moved / kernels.get('softmax', float('nan')) / 1e6:.2f} TB/s, "
-                  f"{100 * copy / kernels.get('softmax', float('nan')):.0f} % of the copy's bandwidth", flush=True)
+                  f"= {moved / copy / 1e6:.2f} TB/s; softmax {softmax:.1f} us = {moved / softmax / 1e6:.2f} TB/s, "
+                  f"{100 * copy / softmax:.0f} % of the copy's bandwidth", flush=True)
 
 
 if __name__ == "__main__":
