@@ -153,12 +153,19 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
         out, mean, invstd, y, row_lse = _ops.gemm_bn_softmax(
             xc, wc, bc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale, training, momentum,
             eps, precision, path, None, out_dtype or linear)
-        # The whole row's log-normaliser, and this rank's columns renormalised to it.
+        # The whole row's log-normaliser, and this rank's columns renormalised to it: float32 math,
+        # rounded once to out's dtype.
         lse = torch.logsumexp(exchange_records(row_lse, group), dim=0)
-        # (float32 math, one rounding to out's dtype; no .to() when that is float32 already: a no-op
-        # .to() on this output makes torch 2.11's torch.compile trace the backward with zero gradients)
-        scaled = out * torch.exp(row_lse - lse)[:, None]
-        out = scaled if scaled.dtype == out.dtype else scaled.to(out.dtype)
+        factor = torch.exp(row_lse - lse)[:, None]
+        if torch.compiler.is_compiling():
+            # torch 2.11's torch.compile returns wrong outputs when this Function mutates its own
+            # output, and traces the backward with zero gradients after a no-op .to() on it.
+            scaled = out * factor
+            out = scaled if scaled.dtype == out.dtype else scaled.to(out.dtype)
+        else:
+            # In place: the same bits as (out * factor).to(out.dtype), without writing an (M, N_r)
+            # float32 temporary and reading it back. out is this Function's own, never saved.
+            out.mul_(factor)
         _save_for_backward(ctx, y, mean, invstd, lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
                            group)
         ctx.batch_stats = training or running_mean is None
