@@ -43,14 +43,11 @@ Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const Colu
 Status count_batch(int64_t* counter, cudaStream_t stream);
 // How [3] lays a row over a CTA: `threads`, `vecs` float4 per thread (the row held in registers);
 // `staged`: persistent CTAs, each next row brought into shared memory by a bulk copy (sm90, 16-byte
-// aligned rows, N % 4 == 0), with `row_buffers` rows of y in shared memory (1: the next row loads
-// while the CTA finishes its current one; 2: one more in flight); threads == 0: the streaming kernel
-// for rows too wide for registers.
+// aligned rows, N % 4 == 0); threads == 0: the streaming kernel for rows too wide for registers.
 struct SoftmaxLayout {
   int threads = 0;
   int vecs = 0;
   bool staged = false;
-  int row_buffers = 1;
 };
 // The layout row_softmax uses for rows of N columns (it runs a staged one unstaged where staging
 // cannot run, or where M does not fill the resident CTAs once).

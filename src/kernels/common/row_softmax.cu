@@ -175,34 +175,25 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Persistent CTAs walking rows blockIdx.x, + gridDim.x, ...; each row of y arrives in shared memory
-// by one bulk copy into one of kSlots row buffers (dynamic shared memory), issued as soon as the row
-// kSlots rows back has moved into registers: with two slots a CTA keeps a row in flight while it
-// computes, and starts with two. sm90 only; rows 16-byte aligned, N % 4 == 0 (whole float4,
-// bulk-copy sizes), N <= kThreads * kVecs * 4.
-template <int kThreads, int kVecs, int kSlots, class TOut>
+// by one bulk copy, issued as soon as the previous row has moved into registers. sm90 only; rows
+// 16-byte aligned, N % 4 == 0 (whole float4, bulk-copy sizes), N <= kThreads * kVecs * 4.
+template <int kThreads, int kVecs, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
-  extern __shared__ float4 row_buffers[];  // kSlots x (kThreads * kVecs)
-  __shared__ alignas(8) uint64_t row_landed[kSlots];
+  __shared__ alignas(16) float4 row_buffer[kThreads * kVecs];
+  __shared__ alignas(8) uint64_t row_landed;
   __shared__ float smem[32];
   const uint32_t row_bytes = static_cast<uint32_t>(N) * 4u;
-  if (threadIdx.x == 0)
-    for (int s = 0; s < kSlots; ++s) util::mbarrier_init(&row_landed[s], 1);
+  if (threadIdx.x == 0) util::mbarrier_init(&row_landed, 1);
   __syncthreads();
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
   count_batch_once(batch_counter);
   int64_t row = blockIdx.x;
-  if (threadIdx.x == 0)
-    for (int s = 0; s < kSlots; ++s) {
-      const int64_t r = row + int64_t{s} * gridDim.x;
-      if (r < M) util::bulk_load(row_buffers + s * kThreads * kVecs, y + r * ldy, row_bytes, &row_landed[s]);
-    }
-  for (uint32_t i = 0; row < M; row += gridDim.x, ++i) {
-    const uint32_t slot = i % kSlots;
-    float4* row_buffer = row_buffers + slot * kThreads * kVecs;
-    util::mbarrier_wait(&row_landed[slot], (i / kSlots) & 1u);
+  if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy, row_bytes, &row_landed);
+  for (uint32_t phase = 0; row < M; row += gridDim.x, phase ^= 1u) {
+    util::mbarrier_wait(&row_landed, phase);
     float4 z[kVecs];
     float mx = -INFINITY;
 #pragma unroll
@@ -212,9 +203,9 @@ __global__ void __launch_bounds__(kThreads)
                      : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
       mx = fmaxf(mx, max4(z[v]));
     }
-    __syncthreads();  // every thread has its part of the row: the buffer takes the row kSlots ahead
-    const int64_t next = row + int64_t{kSlots} * gridDim.x;
-    if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy, row_bytes, &row_landed[slot]);
+    __syncthreads();  // every thread has its part of the row: the buffer takes the next one
+    const int64_t next = row + gridDim.x;
+    if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy, row_bytes, &row_landed);
     finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, row_lse, smem);
   }
 }
@@ -254,27 +245,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The layouts built: (threads, float4 per thread), and (threads, float4 per thread, row buffers) of
-// the staged kernel. row_softmax_layout() picks among them.
+// The layouts built: (threads, float4 per thread, staged). row_softmax_layout() picks among them.
 #define FUSED_SOFTMAX_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4) X(512, 8) X(1024, 8)
-#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1, 1) X(256, 2, 1) X(256, 4, 1) X(512, 4, 1) X(256, 4, 2) X(512, 4, 2) X(512, 4, 3)
-
-template <int kThreads, int kVecs, int kSlots>
-constexpr size_t staged_smem_bytes() {
-  return size_t{kSlots} * kThreads * kVecs * sizeof(float4);
-}
+#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4)
 
 // CTAs of a staged kernel resident per SM (for its persistent grid), cached per device; 0 on failure.
-// The first query per device also lets the kernel have its row buffers' dynamic shared memory.
-template <int kThreads, int kVecs, int kSlots, class TOut>
+template <int kThreads, int kVecs, class TOut>
 int staged_ctas_per_sm(int device) {
   return util::detail::cached_per_device(device, [](int) {
-    const auto kernel = softmax_rows_staged<kThreads, kVecs, kSlots, TOut>;
-    constexpr size_t smem = staged_smem_bytes<kThreads, kVecs, kSlots>();
     int ctas = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, smem) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, TOut>, kThreads, 0) !=
+        cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
@@ -287,13 +268,13 @@ int staged_ctas_per_sm(int device) {
 // (H200, 512x4 at N = 8192, bf16 out, against the same layout unstaged: 18 % faster at M = 1024,
 // 29-32 % from M = 4096, 29 % slower at M = 256, under one row per CTA, where only the mbarrier
 // round trip is added).
-template <int kThreads, int kVecs, int kSlots, class TOut>
+template <int kThreads, int kVecs, class TOut>
 Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
                      TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
   const int device = util::detail::current_device();
   int sms = 0;
   FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
-  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, kSlots, TOut>(device);
+  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, TOut>(device);
   if (per_sm <= 0) return {StatusCode::kCudaError, "row_softmax: occupancy query failed"};
   const int64_t resident = int64_t{sms} * per_sm;
   if (only_if_worth_it && M < resident)
@@ -301,9 +282,8 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
                                   dim3(static_cast<unsigned>(M)), kThreads, 0, stream, "row_softmax kernel launch", y,
                                   ldy, N, f, out, ldo, row_lse, counter);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(M, resident)));
-  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kSlots, TOut>, grid, kThreads,
-                                staged_smem_bytes<kThreads, kVecs, kSlots>(), stream, "row_softmax kernel launch", y,
-                                ldy, M, N, f, out, ldo, row_lse, counter);
+  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, TOut>, grid, kThreads, 0, stream,
+                                "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
 
 template <bool kVec, class TOut>
@@ -317,9 +297,9 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
     return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
   if (l.staged) {
     if constexpr (kVec) {
-#define FUSED_SOFTMAX_STAGED_CASE(T, V, S)               \
-  if (l.threads == T && l.vecs == V && l.row_buffers == S) \
-    return launch_staged<T, V, S>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
+#define FUSED_SOFTMAX_STAGED_CASE(T, V) \
+  if (l.threads == T && l.vecs == V)        \
+    return launch_staged<T, V>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
       FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_STAGED_CASE)
 #undef FUSED_SOFTMAX_STAGED_CASE
     }
@@ -398,7 +378,7 @@ std::vector<SoftmaxLayout> row_softmax_built_layouts() {
 #define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, false});
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
-#define FUSED_SOFTMAX_LIST(T, V, S) layouts.push_back({T, V, true, S});
+#define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, true});
   FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
   return layouts;
