@@ -91,10 +91,8 @@ int main(int argc, char** argv) {
         const double bytes = double(y_bytes + out_bytes);
         std::printf("{\"M\":%lld,\"N\":%lld,\"out\":\"%s\",\"kernel\":\"softmax_%dx%d%s\",\"default\":%s,"
                     "\"same_bits\":%s,\"ms_l2\":%.5f,\"ms_cold\":%.5f,\"gbps_cold\":%.1f,\"of_copy_cold\":%.3f}\n",
-                    (long long)M, (long long)N, out_bf16 ? "bf16" : "fp32", l.threads, l.vecs,
-                    !l.staged ? "" : l.resident ? "_staged_resident" : "_staged",
-                    (l.threads == chosen.threads && l.vecs == chosen.vecs && l.staged == chosen.staged &&
-                     l.resident == chosen.resident) ? "true" : "false",
+                    (long long)M, (long long)N, out_bf16 ? "bf16" : "fp32", l.threads, l.vecs, l.staged ? "_staged" : "",
+                    (l.threads == chosen.threads && l.vecs == chosen.vecs && l.staged == chosen.staged) ? "true" : "false",
                     same ? "true" : "false", l2_ms, cold_ms, bytes / cold_ms / 1e6,
                     (bytes / cold_ms) / (2.0 * y_bytes / copy_ms));
         std::fflush(stdout);

@@ -48,7 +48,6 @@ struct SoftmaxLayout {
   int threads = 0;
   int vecs = 0;
   bool staged = false;
-  bool resident = false;  // staged: each thread's coefficients loaded once, kept in registers across rows
 };
 // The layout row_softmax uses for rows of N columns (it runs a staged one unstaged where staging
 // cannot run, or where M does not fill the resident CTAs once).

@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kThreads)
 // Persistent CTAs walking rows blockIdx.x, + gridDim.x, ...; each row of y arrives in shared memory
 // by one bulk copy, issued as soon as the previous row has moved into registers. sm90 only; rows
 // 16-byte aligned, N % 4 == 0 (whole float4, bulk-copy sizes), N <= kThreads * kVecs * 4.
-template <int kThreads, int kVecs, bool kResident, class TOut>
+template <int kThreads, int kVecs, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
@@ -192,14 +192,6 @@ __global__ void __launch_bounds__(kThreads)
   count_batch_once(batch_counter);
   int64_t row = blockIdx.x;
   if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy, row_bytes, &row_landed);
-  Coefs4 resident[kResident ? kVecs : 1];
-  if constexpr (kResident) {
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      if (col < N) resident[v] = load_coefs<true>(f, col, N);
-    }
-  }
   for (uint32_t phase = 0; row < M; row += gridDim.x, phase ^= 1u) {
     util::mbarrier_wait(&row_landed, phase);
     float4 z[kVecs];
@@ -207,8 +199,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      z[v] = col < N ? logits4(row_buffer[v * kThreads + threadIdx.x],
-                               kResident ? resident[kResident ? v : 0] : load_coefs<true>(f, col, N))
+      z[v] = col < N ? logits4(row_buffer[v * kThreads + threadIdx.x], load_coefs<true>(f, col, N))
                      : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
       mx = fmaxf(mx, max4(z[v]));
     }
@@ -256,14 +247,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // The layouts built: (threads, float4 per thread, staged). row_softmax_layout() picks among them.
 #define FUSED_SOFTMAX_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4) X(512, 8) X(1024, 8)
-#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1, 0) X(256, 2, 0) X(256, 4, 0) X(512, 4, 0) X(256, 4, 1) X(512, 4, 1) X(1024, 2, 0) X(1024, 2, 1)
+#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4)
 
 // CTAs of a staged kernel resident per SM (for its persistent grid), cached per device; 0 on failure.
-template <int kThreads, int kVecs, bool kResident, class TOut>
+template <int kThreads, int kVecs, class TOut>
 int staged_ctas_per_sm(int device) {
   return util::detail::cached_per_device(device, [](int) {
     int ctas = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, kResident, TOut>, kThreads, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, TOut>, kThreads, 0) !=
         cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
@@ -277,13 +268,13 @@ int staged_ctas_per_sm(int device) {
 // (H200, 512x4 at N = 8192, bf16 out, against the same layout unstaged: 18 % faster at M = 1024,
 // 29-32 % from M = 4096, 29 % slower at M = 256, under one row per CTA, where only the mbarrier
 // round trip is added).
-template <int kThreads, int kVecs, bool kResident, class TOut>
+template <int kThreads, int kVecs, class TOut>
 Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
                      TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
   const int device = util::detail::current_device();
   int sms = 0;
   FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
-  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, kResident, TOut>(device);
+  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, TOut>(device);
   if (per_sm <= 0) return {StatusCode::kCudaError, "row_softmax: occupancy query failed"};
   const int64_t resident = int64_t{sms} * per_sm;
   if (only_if_worth_it && M < resident)
@@ -291,7 +282,7 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
                                   dim3(static_cast<unsigned>(M)), kThreads, 0, stream, "row_softmax kernel launch", y,
                                   ldy, N, f, out, ldo, row_lse, counter);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(M, resident)));
-  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kResident, TOut>, grid, kThreads, 0, stream,
+  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, TOut>, grid, kThreads, 0, stream,
                                 "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
 
@@ -306,9 +297,9 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
     return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
   if (l.staged) {
     if constexpr (kVec) {
-#define FUSED_SOFTMAX_STAGED_CASE(T, V, R)              \
-  if (l.threads == T && l.vecs == V && l.resident == R) \
-    return launch_staged<T, V, R>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
+#define FUSED_SOFTMAX_STAGED_CASE(T, V) \
+  if (l.threads == T && l.vecs == V)        \
+    return launch_staged<T, V>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
       FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_STAGED_CASE)
 #undef FUSED_SOFTMAX_STAGED_CASE
     }
@@ -387,7 +378,7 @@ std::vector<SoftmaxLayout> row_softmax_built_layouts() {
 #define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, false});
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
-#define FUSED_SOFTMAX_LIST(T, V, R) layouts.push_back({T, V, true, R});
+#define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, true});
   FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
   return layouts;
