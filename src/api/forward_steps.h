@@ -36,6 +36,9 @@ Status column_moments(const ColumnStatsPartials& partials, int64_t M, int64_t N,
 // [3] out = softmax(a * (y - shift) + c) and each row's log-normaliser (row_lse may be null).
 // batch_counter (may be null): nn.BatchNorm1d's num_batches_tracked, incremented once by this step
 // after it waits for [2] (which reads it): the forward's last kernel, so no kernel of its own.
+// Its kernels read y before they wait for the kernel launched just before them, so y must be
+// complete before that kernel lets them launch: true after finalize (it waits first) and after
+// anything that is not a programmatic-launch kernel (a copy, a synchronisation).
 Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
                    int64_t ldo, ElementType dtype, float* row_lse, cudaStream_t stream,
                    int64_t* batch_counter = nullptr);

@@ -4,9 +4,11 @@
 //
 // Contract of every kernel launched this way:
 //   1. `wait_for_prerequisites()` before its first global-memory access (read or write): it returns
-//      once the previous kernel has completed and its writes are visible. Nothing is read early.
-//   2. `allow_dependents_to_launch()` once its own CTAs are resident: only a hint (the next kernel
-//      still waits in its step 1), so any place is correct; early is cheapest.
+//      once the previous kernel has completed and its writes are visible. Nothing the previous
+//      kernel writes is read early.
+//   2. `allow_dependents_to_launch()` right after step 1, never before it. So when a kernel starts,
+//      everything before its predecessor in the stream has completed. The softmax relies on that:
+//      it reads y, which kernels before finalize wrote, before waiting for finalize.
 // On older GPUs both are no-ops and the launch attribute is not set: plain stream order.
 #pragma once
 

@@ -9,6 +9,11 @@
 // Wider rows (up to any N) take the streaming kernel: an online max/sum pass, then a pass that
 // re-reads y (mostly from L2) and writes out. Every kernel also writes the row's log-normaliser for
 // the backward, and is launched as a programmatic dependent of finalize (kernels/common/pdl.cuh).
+// y alone is read before the kernel's wait for finalize: finalize lets the softmax launch only after
+// its own wait, so whatever wrote y (the GEMM, or any kernel before finalize) has completed by the
+// time a softmax CTA runs. Reading the first rows during finalize's few microseconds took 2-4 us
+// off the op on the H200 (1-2 %, every shape measured); the coefficients, finalize's output, are
+// read after the wait as the PDL contract says.
 // A layout (threads, float4 per thread) fixes the order of a row's reductions; staged or not, it
 // gives the same bits, so the choice between the two (by M) never changes results.
 // (Measured slower on the H200 and removed: a persistent CTA of 1024 threads keeping the folded
@@ -87,6 +92,27 @@ __device__ __forceinline__ float4 logits(const float* __restrict__ yrow, int64_t
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
+// The 4 values of y at column col of a row; columns >= N give 0 (logits_of() makes them -inf).
+template <bool kVec>
+__device__ __forceinline__ float4 load_y4(const float* __restrict__ yrow, int64_t col, int64_t N) {
+  if (kVec && col + 4 <= N) return *reinterpret_cast<const float4*>(yrow + col);
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = col + j < N ? yrow[col + j] : 0.f;
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// The logits of the 4 values of y at column col (< N); columns >= N give -inf.
+__device__ __forceinline__ float4 logits_of(float4 y4, int64_t col, int64_t N, const Coefs4& k) {
+  float4 z = logits4(y4, k);
+  if (col + 4 > N) {
+    if (col + 1 >= N) z.y = -INFINITY;
+    if (col + 2 >= N) z.z = -INFINITY;
+    if (col + 3 >= N) z.w = -INFINITY;
+  }
+  return z;
+}
+
 template <bool kVec>
 __device__ __forceinline__ float4 load_logits(const float* __restrict__ yrow, int64_t col, int64_t N,
                                               const ColumnAffine& f) {
@@ -158,17 +184,23 @@ __global__ void __launch_bounds__(kThreads)
                               TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse,
                               int64_t* batch_counter) {
   __shared__ float smem[32];
-  util::wait_for_prerequisites();
-  util::allow_dependents_to_launch();
-  count_batch_once(batch_counter);
   const int64_t row = blockIdx.x;
   const float* yrow = y + row * ldy;
   float4 z[kVecs];
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {  // y before the wait (row_softmax's contract)
+    const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
+    if (col < N) z[v] = load_y4<kVec>(yrow, col, N);
+  }
+  util::wait_for_prerequisites();  // finalize's coefficients
+  util::allow_dependents_to_launch();
+  count_batch_once(batch_counter);
   float mx = -INFINITY;
 #pragma unroll
   for (int v = 0; v < kVecs; ++v) {
     const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-    z[v] = col < N ? load_logits<kVec>(yrow, col, N, f) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    z[v] = col < N ? logits_of(z[v], col, N, load_coefs<kVec>(f, col, N))
+                   : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     mx = fmaxf(mx, max4(z[v]));
   }
   finish_row<kThreads, kVecs, kVec>(z, mx, row, N, out, ldo, row_lse, smem);
@@ -187,11 +219,12 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t row_bytes = static_cast<uint32_t>(N) * 4u;
   if (threadIdx.x == 0) util::mbarrier_init(&row_landed, 1);
   __syncthreads();
+  int64_t row = blockIdx.x;
+  // The first row's copy starts before the wait (row_softmax's contract), the coefficients after it.
+  if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy, row_bytes, &row_landed);
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
   count_batch_once(batch_counter);
-  int64_t row = blockIdx.x;
-  if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy, row_bytes, &row_landed);
   for (uint32_t phase = 0; row < M; row += gridDim.x, phase ^= 1u) {
     util::mbarrier_wait(&row_landed, phase);
     float4 z[kVecs];
