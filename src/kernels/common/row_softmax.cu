@@ -209,7 +209,9 @@ __global__ void __launch_bounds__(kThreads)
 // Persistent CTAs walking rows blockIdx.x, + gridDim.x, ...; each row of y arrives in shared memory
 // by one bulk copy, issued as soon as the previous row has moved into registers. sm90 only; rows
 // 16-byte aligned, N % 4 == 0 (whole float4, bulk-copy sizes), N <= kThreads * kVecs * 4.
-template <int kThreads, int kVecs, class TOut>
+// kResident: each thread loads its columns' coefficients once and keeps them in registers across
+// rows instead of reloading them (12 B a column) for every row.
+template <int kThreads, int kVecs, bool kResident, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
@@ -225,6 +227,14 @@ __global__ void __launch_bounds__(kThreads)
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
   count_batch_once(batch_counter);
+  Coefs4 resident[kResident ? kVecs : 1];
+  if constexpr (kResident) {
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
+      if (col < N) resident[v] = load_coefs<true>(f, col, N);
+    }
+  }
   for (uint32_t phase = 0; row < M; row += gridDim.x, phase ^= 1u) {
     util::mbarrier_wait(&row_landed, phase);
     float4 z[kVecs];
@@ -232,7 +242,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      z[v] = col < N ? logits4(row_buffer[v * kThreads + threadIdx.x], load_coefs<true>(f, col, N))
+      z[v] = col < N ? logits4(row_buffer[v * kThreads + threadIdx.x],
+                               kResident ? resident[kResident ? v : 0] : load_coefs<true>(f, col, N))
                      : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
       mx = fmaxf(mx, max4(z[v]));
     }
@@ -278,16 +289,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The layouts built: (threads, float4 per thread, staged). row_softmax_layout() picks among them.
+// The layouts built: (threads, float4 per thread), and for the staged kernel whether the coefficients
+// stay in registers. row_softmax_layout() picks among them. Resident coefficients measured on the
+// H200 (bench_row_softmax, bf16 out, y as the GEMM leaves it): 256x4 at N = 4096, 8-9 % faster
+// (1024 rows 11.6 -> 10.6 us, 4096 rows 34.8 -> 31.5); 256x2 at N = 2048, 3-9 %; 128x1 level; 512x4
+// slower from 2048 rows (82 registers: one CTA per SM), so there the coefficients come from L1.
 #define FUSED_SOFTMAX_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4) X(512, 8) X(1024, 8)
-#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4)
+#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1, false) X(256, 2, true) X(256, 4, true) X(512, 4, false)
 
 // CTAs of a staged kernel resident per SM (for its persistent grid), cached per device; 0 on failure.
-template <int kThreads, int kVecs, class TOut>
+template <int kThreads, int kVecs, bool kResident, class TOut>
 int staged_ctas_per_sm(int device) {
   return util::detail::cached_per_device(device, [](int) {
     int ctas = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, TOut>, kThreads, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, kResident, TOut>, kThreads, 0) !=
         cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
@@ -301,13 +316,13 @@ int staged_ctas_per_sm(int device) {
 // (H200, 512x4 at N = 8192, bf16 out, against the same layout unstaged: 18 % faster at M = 1024,
 // 29-32 % from M = 4096, 29 % slower at M = 256, under one row per CTA, where only the mbarrier
 // round trip is added).
-template <int kThreads, int kVecs, class TOut>
+template <int kThreads, int kVecs, bool kResident, class TOut>
 Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
                      TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
   const int device = util::detail::current_device();
   int sms = 0;
   FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
-  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, TOut>(device);
+  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, kResident, TOut>(device);
   if (per_sm <= 0) return {StatusCode::kCudaError, "row_softmax: occupancy query failed"};
   const int64_t resident = int64_t{sms} * per_sm;
   if (only_if_worth_it && M < resident)
@@ -315,7 +330,7 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
                                   dim3(static_cast<unsigned>(M)), kThreads, 0, stream, "row_softmax kernel launch", y,
                                   ldy, N, f, out, ldo, row_lse, counter);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(M, resident)));
-  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, TOut>, grid, kThreads, 0, stream,
+  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kResident, TOut>, grid, kThreads, 0, stream,
                                 "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
 
@@ -330,9 +345,9 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
     return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
   if (l.staged) {
     if constexpr (kVec) {
-#define FUSED_SOFTMAX_STAGED_CASE(T, V) \
-  if (l.threads == T && l.vecs == V)        \
-    return launch_staged<T, V>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
+#define FUSED_SOFTMAX_STAGED_CASE(T, V, R)              \
+  if (l.threads == T && l.vecs == V)                    \
+    return launch_staged<T, V, R>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
       FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_STAGED_CASE)
 #undef FUSED_SOFTMAX_STAGED_CASE
     }
@@ -411,7 +426,7 @@ std::vector<SoftmaxLayout> row_softmax_built_layouts() {
 #define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, false});
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
-#define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, true});
+#define FUSED_SOFTMAX_LIST(T, V, R) layouts.push_back({T, V, true});
   FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
   return layouts;
