@@ -10,6 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "bench")
 
+import ab_rounds  # noqa: E402
 import ncu_summary  # noqa: E402
 import pipeline_breakdown  # noqa: E402
 import plot_results  # noqa: E402
@@ -375,3 +376,55 @@ def test_pipeline_breakdown_groups_the_forward_kernels():
     run = subprocess.run([sys.executable, os.path.join(BENCH, "pipeline_breakdown.py"), "--cases", "fp16:8x8x8"],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "expected bf16:MxNxK or tf32:MxNxK" in run.stderr
+
+
+# A stand-in for bench/pipeline_breakdown.py: prints op lines whose values depend on AB_OP (the
+# setting), AB_ROUND_FILE (a counter of runs, so the rounds differ) and AB_MIXED (one key whose order
+# flips between rounds).
+FAKE_PIPELINE = """
+import os
+path = os.environ["AB_ROUND_FILE"]
+n = int(open(path).read()) if os.path.exists(path) else 0
+open(path, "w").write(str(n + 1))
+base = 100.0 + n
+op = base - (2.0 if os.environ.get("AB_OP") == "fast" else 0.0)
+print(f"pdl=1 bf16 1024x8192x8192: op {op:.1f} us (1-2; again 3) | kernels x")
+mixed = base + (1.0 if (os.environ.get("AB_OP") == "fast") == (n % 4 < 2) else -1.0)
+print(f"pdl=1 tf32 1024x8192x8192: op {mixed:.1f} us (1-2; again 3) | kernels x")
+print("a line the pattern ignores")
+"""
+
+
+def test_ab_rounds_alternates_settings_and_reports_medians(tmp_path):
+    fake = tmp_path / "fake_pipeline.py"
+    fake.write_text(FAKE_PIPELINE)
+    out = tmp_path / "ab.json"
+    env = {**os.environ, "AB_ROUND_FILE": str(tmp_path / "count")}
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "ab_rounds.py"), "--rounds", "3",
+                          "--setting", "slow=AB_OP=slow", "--setting", "fast=AB_OP=fast", "--out", str(out),
+                          "--", sys.executable, str(fake)], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(out.read_text())
+    # Runs 0..5 alternate slow, fast: slow gets runs 0, 2, 4 and fast 1, 3, 5.
+    head = record["table"]["bf16 1024x8192x8192"]
+    assert head["rounds"] == {"slow": [100.0, 102.0, 104.0], "fast": [99.0, 101.0, 103.0]}
+    assert head["median"] == {"slow": 102.0, "fast": 101.0}
+    assert head["same_order_every_round"] == {"fast": True}
+    assert record["table"]["tf32 1024x8192x8192"]["same_order_every_round"] == {"fast": False}
+    assert "every round" in run.stdout and "mixed" in run.stdout
+
+
+def test_ab_rounds_refuses_what_it_cannot_compare(tmp_path):
+    script = os.path.join(BENCH, "ab_rounds.py")
+    one = subprocess.run([sys.executable, script, "--setting", "a=X=1", "--", "true"], capture_output=True, text=True)
+    assert one.returncode == 2 and "two or more --setting" in one.stderr
+    bad = subprocess.run([sys.executable, script, "--setting", "a", "--setting", "b=X=1", "--", "true"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected LABEL=VAR=VALUE" in bad.stderr
+    silent = subprocess.run([sys.executable, script, "--setting", "a=X=1", "--setting", "b=X=2", "--rounds", "1",
+                             "--", sys.executable, "-c", "print('nothing to parse')"], capture_output=True, text=True)
+    assert silent.returncode != 0 and "no line matched" in silent.stderr
+    failing = subprocess.run([sys.executable, script, "--setting", "a=X=1", "--setting", "b=X=2", "--",
+                              sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True)
+    assert failing.returncode != 0 and "the command failed (rc 3)" in failing.stderr
+    assert ab_rounds.parse_setting("x=A=1,B=2") == ("x", {"A": "1", "B": "2"})
