@@ -428,3 +428,10 @@ def test_ab_rounds_refuses_what_it_cannot_compare(tmp_path):
                               sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True)
     assert failing.returncode != 0 and "the command failed (rc 3)" in failing.stderr
     assert ab_rounds.parse_setting("x=A=1,B=2") == ("x", {"A": "1", "B": "2"})
+
+
+def test_ab_rounds_default_pattern_reads_pipeline_breakdown_lines():
+    # Lines as bench/pipeline_breakdown.py printed them on the H200 (a committed raw record).
+    with open(os.path.join(BENCH, "results", "h200-x2-2026-11-30-forward-pipeline-9746710.txt")) as f:
+        found = ab_rounds.values_of(f.read(), ab_rounds.PIPELINE_OP)
+    assert found == {"bf16 1024x8192x8192": 232.6, "tf32 1024x8192x8192": 416.7, "bf16 4096x8192x8192": 936.1}
