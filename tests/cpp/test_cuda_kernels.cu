@@ -287,8 +287,11 @@ void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double
 
 TEST(RowSoftmaxGpu, Float32AllWidths) {
   REQUIRE_GPU();
-  // tiny, odd, every register-path width class, streaming (> 32768) and 2^20-wide rows
-  for (int64_t N : std::vector<int64_t>{1, 3, 4, 7, 100, 513, 2048, 4097, 8192, 12000, 32768, 40001, 1 << 20})
+  // tiny, odd, every register-path width class; clusters of 2, 4, 13 and 16 CTAs a row (sm90); one
+  // column past the widest cluster, and odd widths the clusters cannot take (one CTA a row in
+  // registers, streaming); 2^20-wide rows
+  for (int64_t N : std::vector<int64_t>{1, 3, 4, 7, 100, 513, 2048, 4097, 8192, 12000, 16385, 32768, 40001, 100004,
+                                        131072, 131076, 1 << 20})
     check_softmax<float>(N > 100000 ? 3 : 9, N, 0, ElementType::kFloat32, 2e-6);
 }
 
@@ -297,12 +300,16 @@ TEST(RowSoftmaxGpu, ManyRows) {
   check_softmax<float>(5000, 100, 0, ElementType::kFloat32, 2e-6);
   check_softmax<__nv_bfloat16>(3000, 8192, 0, ElementType::kBFloat16, 4e-3);
   check_softmax<float>(700, 2001, 0, ElementType::kFloat32, 2e-6);
+  // Clustered rows: many rows per cluster (3 and 16 CTAs a row), a ragged last CTA.
+  check_softmax<__nv_bfloat16>(700, 20000, 0, ElementType::kBFloat16, 4e-3);
+  check_softmax<float>(300, 131072, 0, ElementType::kFloat32, 2e-6);
+  check_softmax<float>(150, 70004, 0, ElementType::kFloat32, 2e-6);
 }
 
 // Rows whose width is not a multiple of 4 but whose stride is: the blocked kernel's ragged end.
 TEST(RowSoftmaxGpu, RaggedRowEndsWithAlignedStrides) {
   REQUIRE_GPU();
-  for (int64_t N : std::vector<int64_t>{5, 1023, 4094, 8190})
+  for (int64_t N : std::vector<int64_t>{5, 1023, 4094, 8190, 16382, 40002})
     check_softmax<float>(37, N, 4 - N % 4, ElementType::kFloat32, 2e-6, 4 - N % 4);
   check_softmax<__nv_bfloat16>(301, 8189, 3, ElementType::kBFloat16, 4e-3, 3);
 }
@@ -318,6 +325,7 @@ TEST(RowSoftmaxGpu, HalfAndBFloat16Outputs) {
   check_softmax<__nv_bfloat16>(7, 8192, 0, ElementType::kBFloat16, 4e-3);
   check_softmax<__half>(7, 8192, 0, ElementType::kFloat16, 5e-4);
   check_softmax<__nv_bfloat16>(2, 50000, 0, ElementType::kBFloat16, 4e-3);
+  check_softmax<__half>(5, 9000, 0, ElementType::kFloat16, 5e-4);
 }
 
 // The staged kernel (persistent CTAs, rows brought in by bulk copies) and the one-CTA-per-row kernel
@@ -381,6 +389,44 @@ TEST(RowSoftmaxGpu, StagedAndUnstagedGiveTheSameBits) {
       }
     }
     EXPECT_GE(compared, 1) << "N=" << s.N;  // the default layout itself, and the other one where it can run
+  }
+}
+
+// Rows split over a cluster: a row's bits do not depend on M (how many rows each persistent cluster
+// walks), and the batch counter is incremented once per call.
+TEST(RowSoftmaxGpu, ClusteredRowsGiveTheSameBitsWhateverM) {
+  REQUIRE_GPU();
+  for (const int64_t N : {int64_t{24000}, int64_t{131072}}) {
+    const int64_t M = N > 100000 ? 400 : 1500, few = 3;
+    const auto y = test::random_columns(M, N, 5.0, 11 + N);
+    std::vector<float> shift(N), a(N), c(N);
+    for (int64_t n = 0; n < N; ++n) {
+      shift[n] = 0.1f * (n % 7);
+      a[n] = 0.5f + 0.01f * (n % 11);
+      c[n] = 0.01f * (n % 13);
+    }
+    DeviceBuf<float> dy(y), ds(shift), da(a), dc(c);
+    DeviceBuf<int64_t> counter(std::vector<int64_t>{41});
+    const ColumnAffine affine{ds.ptr, da.ptr, dc.ptr};
+    auto run = [&](int64_t rows, std::vector<float>& out, std::vector<float>& lse) {
+      DeviceBuf<float> dout(rows * N), dlse(rows);
+      CUDA_OK(cudaMemset(dout.ptr, 0xff, rows * N * sizeof(float)));  // NaN: unwritten shows
+      CUDA_OK(cudaMemset(dlse.ptr, 0xff, rows * sizeof(float)));
+      const Status st = cuda::row_softmax(dy.ptr, N, rows, N, affine, dout.ptr, N, ElementType::kFloat32, dlse.ptr,
+                                          nullptr, counter.ptr);
+      ASSERT_TRUE(st.ok()) << st.message;
+      CUDA_OK(cudaDeviceSynchronize());
+      out = dout.download();
+      lse = dlse.download();
+    };
+    std::vector<float> all, all_lse, first, first_lse;
+    run(M, all, all_lse);
+    run(few, first, first_lse);
+    ASSERT_EQ(counter.download()[0], 43) << "N=" << N;
+    for (int64_t i = 0; i < M; ++i) ASSERT_FALSE(std::isnan(all_lse[i])) << "row " << i;
+    for (int64_t i = 0; i < M * N; ++i) ASSERT_FALSE(std::isnan(all[i])) << "unwritten at " << i / N << "," << i % N;
+    ASSERT_EQ(0, std::memcmp(first_lse.data(), all_lse.data(), few * sizeof(float))) << "N=" << N;
+    ASSERT_EQ(0, std::memcmp(first.data(), all.data(), few * N * sizeof(float))) << "N=" << N;
   }
 }
 
