@@ -287,9 +287,8 @@ void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double
 
 TEST(RowSoftmaxGpu, Float32AllWidths) {
   REQUIRE_GPU();
-  // tiny, odd, every register-path width class; clusters of 2, 4, 13 and 16 CTAs a row (sm90); one
-  // column past the widest cluster, and odd widths the clusters cannot take (one CTA a row in
-  // registers, streaming); 2^20-wide rows
+  // tiny, odd, every register-path width class (one CTA a row up to 32768), streaming (> 32768) at
+  // even and odd widths, and 2^20-wide rows
   for (int64_t N : std::vector<int64_t>{1, 3, 4, 7, 100, 513, 2048, 4097, 8192, 12000, 16385, 32768, 40001, 100004,
                                         131072, 131076, 1 << 20})
     check_softmax<float>(N > 100000 ? 3 : 9, N, 0, ElementType::kFloat32, 2e-6);
@@ -300,7 +299,7 @@ TEST(RowSoftmaxGpu, ManyRows) {
   check_softmax<float>(5000, 100, 0, ElementType::kFloat32, 2e-6);
   check_softmax<__nv_bfloat16>(3000, 8192, 0, ElementType::kBFloat16, 4e-3);
   check_softmax<float>(700, 2001, 0, ElementType::kFloat32, 2e-6);
-  // Clustered rows: many rows per cluster (3 and 16 CTAs a row), a ragged last CTA.
+  // Wide rows: one CTA a row in registers (20000), streaming (131072, 70004).
   check_softmax<__nv_bfloat16>(700, 20000, 0, ElementType::kBFloat16, 4e-3);
   check_softmax<float>(300, 131072, 0, ElementType::kFloat32, 2e-6);
   check_softmax<float>(150, 70004, 0, ElementType::kFloat32, 2e-6);
@@ -392,9 +391,8 @@ TEST(RowSoftmaxGpu, StagedAndUnstagedGiveTheSameBits) {
   }
 }
 
-// Rows split over a cluster: a row's bits do not depend on M (how many rows each persistent cluster
-// walks), and the batch counter is incremented once per call.
-TEST(RowSoftmaxGpu, ClusteredRowsGiveTheSameBitsWhateverM) {
+// Wide rows: a row's bits do not depend on M, and the batch counter is incremented once per call.
+TEST(RowSoftmaxGpu, WideRowsGiveTheSameBitsWhateverM) {
   REQUIRE_GPU();
   for (const int64_t N : {int64_t{24000}, int64_t{131072}}) {
     const int64_t M = N > 100000 ? 400 : 1500, few = 3;
