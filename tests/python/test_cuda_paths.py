@@ -50,6 +50,10 @@ def test_paths_match_reference_over_steps(path, mode, shape):
         err_var = rel_err(fused.bn.running_var, ref64.bn.running_var)
         err_mean = rel_err(fused.bn.running_mean, ref64.bn.running_mean)
         bound, bound_var, bound_mean = _tol(mode), STAT_TOL[dtype], STAT_TOL[dtype]
+        if dtype in (torch.bfloat16, torch.float16):
+            # No output in this format beats the exact result rounded to it: at 131072 columns most
+            # fp16 probabilities are subnormal, and that rounding alone is 1.6e-3 off in eval mode.
+            bound = max(bound, 1.25 * rel_err(want.to(dtype), want))
         if mode == "tf32":
             # TF32 rounds the GEMM inputs: the bound is the contract's or eager TF32's own error on
             # this problem (eager steps its own copy of the running stats), whichever is larger.
