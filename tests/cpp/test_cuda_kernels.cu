@@ -407,9 +407,7 @@ TEST(RowSoftmaxGpu, WideRowsGiveTheSameBitsWhateverM) {
     DeviceBuf<int64_t> counter(std::vector<int64_t>{41});
     const ColumnAffine affine{ds.ptr, da.ptr, dc.ptr};
     auto run = [&](int64_t rows, std::vector<float>& out, std::vector<float>& lse) {
-      DeviceBuf<float> dout(rows * N), dlse(rows);
-      CUDA_OK(cudaMemset(dout.ptr, 0xff, rows * N * sizeof(float)));  // NaN: unwritten shows
-      CUDA_OK(cudaMemset(dlse.ptr, 0xff, rows * sizeof(float)));
+      DeviceBuf<float> dout(rows * N), dlse(rows);  // NaN-poisoned: unwritten shows
       const Status st = cuda::row_softmax(dy.ptr, N, rows, N, affine, dout.ptr, N, ElementType::kFloat32, dlse.ptr,
                                           nullptr, counter.ptr);
       ASSERT_TRUE(st.ok()) << st.message;

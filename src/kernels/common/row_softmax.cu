@@ -295,8 +295,8 @@ template <int kThreads, int kVecs, bool kResident, class TOut>
 int staged_ctas_per_sm(int device) {
   return util::detail::cached_per_device(device, [](int) {
     int ctas = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, softmax_rows_staged<kThreads, kVecs, kResident, TOut>, kThreads, 0) !=
-        cudaSuccess) {
+    auto kernel = softmax_rows_staged<kThreads, kVecs, kResident, TOut>;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, 0) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
