@@ -1,6 +1,6 @@
 // Micro-benchmark of the row softmax [3] (not a test): every built row layout (threads, float4 per
-// thread, staged or not) and, for rows over 8192, the streaming kernel ("softmax_0x0") on a set of
-// shapes, against a device-to-device copy of y.
+// thread; staged, clustered or neither) and, for rows over 8192, the streaming kernel ("softmax_0x0")
+// on a set of shapes, against a device-to-device copy of y.
 // Two states of y before each timed call: "l2" (y just rewritten, as the GEMM leaves it: partly in
 // L2) and "cold" (L2 flushed by a 256 MiB write). Prints one JSON line per record; "same_bits" says
 // whether the layout's output equals the default layout's bit for bit.
@@ -77,8 +77,9 @@ int main(int argc, char** argv) {
       std::vector<char> h_want(out_bytes), h_got(out_bytes);
       check(cudaMemcpy(h_want.data(), want, out_bytes, cudaMemcpyDeviceToHost), "copy want");
       for (const auto& l : layouts) {
-        if (l.threads == 0 ? N <= 8192 : int64_t{l.threads} * 4 * l.vecs < N) continue;  // streaming: wide rows
-        if (int64_t{l.threads} * 4 * l.vecs >= 2 * N && l.threads > 128) continue;  // too wide for this N
+        if (l.threads != 0 && l.max_columns() < N) continue;
+        if (!l.clustered && int64_t{l.threads} * 4 * l.vecs >= 2 * N && l.threads > 128) continue;  // too wide
+        if (l.threads == 0 && N <= 8192) continue;  // the streaming kernel: only where rows are wide
         auto run = [&] {
           fused::Status s = fused::cuda::row_softmax_with_layout(l, y, N, M, N, affine, out, N, dt, lse, nullptr);
           if (!s.ok()) { std::fprintf(stderr, "layout: %s\n", s.message); std::exit(1); }
@@ -93,8 +94,10 @@ int main(int argc, char** argv) {
         const double bytes = double(y_bytes + out_bytes);
         std::printf("{\"M\":%lld,\"N\":%lld,\"out\":\"%s\",\"kernel\":\"softmax_%dx%d%s\",\"default\":%s,"
                     "\"same_bits\":%s,\"ms_l2\":%.5f,\"ms_cold\":%.5f,\"gbps_cold\":%.1f,\"of_copy_cold\":%.3f}\n",
-                    (long long)M, (long long)N, out_bf16 ? "bf16" : "fp32", l.threads, l.vecs, l.staged ? "_staged" : "",
-                    (l.threads == chosen.threads && l.vecs == chosen.vecs && l.staged == chosen.staged) ? "true" : "false",
+                    (long long)M, (long long)N, out_bf16 ? "bf16" : "fp32", l.threads, l.vecs,
+                    l.clustered ? "_clustered" : l.staged ? "_staged" : "",
+                    (l.threads == chosen.threads && l.vecs == chosen.vecs && l.staged == chosen.staged &&
+                     l.clustered == chosen.clustered) ? "true" : "false",
                     same ? "true" : "false", l2_ms, cold_ms, bytes / cold_ms / 1e6,
                     (bytes / cold_ms) / (2.0 * y_bytes / copy_ms));
         std::fflush(stdout);

@@ -46,11 +46,19 @@ Status row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const Colu
 Status count_batch(int64_t* counter, cudaStream_t stream);
 // How [3] lays a row over a CTA: `threads`, `vecs` float4 per thread (the row held in registers);
 // `staged`: persistent CTAs, each next row brought into shared memory by a bulk copy (sm90, 16-byte
-// aligned rows, N % 4 == 0); threads == 0: the streaming kernel for rows too wide for registers.
+// aligned rows, N % 4 == 0); `clustered` (staged too): a row split over a thread-block cluster of
+// ceil(N / (threads * 4 * vecs)) CTAs, at most kMaxSoftmaxClusterCtas; threads == 0: the streaming
+// kernel for rows too wide for the others.
+constexpr int kMaxSoftmaxClusterCtas = 16;
 struct SoftmaxLayout {
   int threads = 0;
   int vecs = 0;
   bool staged = false;
+  bool clustered = false;
+  // The widest row the layout holds (0: any, the streaming kernel).
+  int64_t max_columns() const {
+    return int64_t{threads} * 4 * vecs * (clustered ? kMaxSoftmaxClusterCtas : 1);
+  }
 };
 // The layout row_softmax uses for rows of N columns (it runs a staged one unstaged where staging
 // cannot run, or where M does not fill the resident CTAs once).

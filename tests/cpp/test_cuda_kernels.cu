@@ -287,10 +287,11 @@ void check_softmax(int64_t M, int64_t N, int64_t ldo_pad, ElementType dt, double
 
 TEST(RowSoftmaxGpu, Float32AllWidths) {
   REQUIRE_GPU();
-  // tiny, odd, every register-path width class (one CTA a row up to 32768), streaming (> 32768) at
-  // even and odd widths, and 2^20-wide rows
-  for (int64_t N : std::vector<int64_t>{1, 3, 4, 7, 100, 513, 2048, 4097, 8192, 12000, 16385, 32768, 40001, 100004,
-                                        131072, 131076, 1 << 20})
+  // tiny, odd, every register-path width class; clusters of 3 (the last CTA holding 4 columns), 4, 13
+  // and 16 CTAs a row (sm90); one column past the widest cluster, and odd widths the clusters cannot
+  // take (one CTA a row in registers, streaming); 2^20-wide rows
+  for (int64_t N : std::vector<int64_t>{1, 3, 4, 7, 100, 513, 2048, 4097, 8192, 12000, 16385, 16388, 32768, 40001,
+                                        100004, 131072, 131076, 1 << 20})
     check_softmax<float>(N > 100000 ? 3 : 9, N, 0, ElementType::kFloat32, 2e-6);
 }
 
@@ -299,7 +300,7 @@ TEST(RowSoftmaxGpu, ManyRows) {
   check_softmax<float>(5000, 100, 0, ElementType::kFloat32, 2e-6);
   check_softmax<__nv_bfloat16>(3000, 8192, 0, ElementType::kBFloat16, 4e-3);
   check_softmax<float>(700, 2001, 0, ElementType::kFloat32, 2e-6);
-  // Wide rows: one CTA a row in registers (20000), streaming (131072, 70004).
+  // Rows split over a cluster (sm90): many rows per cluster of 3, 16 and 9 CTAs, a ragged last CTA.
   check_softmax<__nv_bfloat16>(700, 20000, 0, ElementType::kBFloat16, 4e-3);
   check_softmax<float>(300, 131072, 0, ElementType::kFloat32, 2e-6);
   check_softmax<float>(150, 70004, 0, ElementType::kFloat32, 2e-6);
@@ -327,9 +328,10 @@ TEST(RowSoftmaxGpu, HalfAndBFloat16Outputs) {
   check_softmax<__half>(5, 9000, 0, ElementType::kFloat16, 5e-4);
 }
 
-// The staged kernel (persistent CTAs, rows brought in by bulk copies) and the one-CTA-per-row kernel
-// reduce a row over the same threads in the same order: the same bits, on ragged shapes (rows
-// not a multiple of the grid; odd N and unaligned strides, where the staged layout falls back).
+// The staged kernel (persistent CTAs, rows brought in by bulk copies), the one-CTA-per-row kernel and
+// the clustered kernel with a cluster of one reduce a row over the same threads in the same order: the
+// same bits, on ragged shapes (rows not a multiple of the grid; odd N and unaligned strides, where
+// the staged layouts fall back).
 TEST(RowSoftmaxGpu, StagedAndUnstagedGiveTheSameBits) {
   REQUIRE_GPU();
   struct Shape { int64_t M, N, pad; };
@@ -384,14 +386,16 @@ TEST(RowSoftmaxGpu, StagedAndUnstagedGiveTheSameBits) {
         ASSERT_EQ(0, std::memcmp(&got_lse[i], &want_lse[i], sizeof(float))) << "row " << i << " layout " << l.threads
                                                                             << "x" << l.vecs << " staged " << l.staged;
         ASSERT_EQ(0, std::memcmp(&got[i * ld], &want[i * ld], s.N * sizeof(__nv_bfloat16)))
-            << "row " << i << " layout " << l.threads << "x" << l.vecs << " staged " << l.staged;
+            << "row " << i << " layout " << l.threads << "x" << l.vecs << " staged " << l.staged << " clustered "
+            << l.clustered;
       }
     }
     EXPECT_GE(compared, 1) << "N=" << s.N;  // the default layout itself, and the other one where it can run
   }
 }
 
-// Wide rows: a row's bits do not depend on M, and the batch counter is incremented once per call.
+// Wide rows (clusters of 3 and 16 CTAs on sm90): a row's bits do not depend on M (how many rows each
+// persistent cluster walks), and the batch counter is incremented once per call.
 TEST(RowSoftmaxGpu, WideRowsGiveTheSameBitsWhateverM) {
   REQUIRE_GPU();
   for (const int64_t N : {int64_t{24000}, int64_t{131072}}) {

@@ -8,9 +8,12 @@
 
 namespace fused::cuda::util {
 
-// Max or sum of one float over the block; every thread gets the result. `smem` holds >= 32 floats
-// and may be reused by the next call (the leading barrier protects it).
-template <int kThreads, bool kMax>
+// Max or sum of one float over the block; every thread gets the result. `smem` holds >= 32 floats.
+// kGuarded: a leading barrier lets the next call reuse `smem` (threads may still be reading it from
+// this one). Unguarded calls save that barrier; the caller must know nobody reads `smem` any more,
+// e.g. by alternating two buffers between calls: every thread reads a buffer before it reaches the
+// other call's barrier, which the next writer of that buffer has passed.
+template <int kThreads, bool kMax, bool kGuarded = true>
 __device__ __forceinline__ float block_reduce(float v, float* smem) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
 #pragma unroll
@@ -20,7 +23,7 @@ __device__ __forceinline__ float block_reduce(float v, float* smem) {
   }
   constexpr int kWarps = kThreads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // smem may still be read by a previous reduction
+  if constexpr (kGuarded) __syncthreads();  // smem may still be read by a previous reduction
   if (lane == 0) smem[warp] = v;
   __syncthreads();
   v = lane < kWarps ? smem[lane] : (kMax ? -CUDART_INF_F : 0.f);

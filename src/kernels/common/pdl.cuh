@@ -14,6 +14,8 @@
 
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "util/cuda_check.h"
 #include "util/device_info.h"
 
@@ -32,21 +34,39 @@ __device__ __forceinline__ void allow_dependents_to_launch() {
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the
-// previous kernel in the stream (where the device supports it).
+// previous kernel in the stream (where the device supports it), in thread-block clusters of
+// `cluster_ctas` CTAs along x (0: no cluster attribute).
 template <class... KernelArgs, class... Args>
-Status launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                        const char* what, Args&&... args) {
+Status launch_dependent_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, unsigned cluster_ctas,
+                                    size_t smem, cudaStream_t stream, const char* what, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
+  unsigned count = 0;
+  if (current_device_has_pdl()) {
+    attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster_ctas > 0) {
+    attribute[count].id = cudaLaunchAttributeClusterDimension;
+    attribute[count].val.clusterDim.x = cluster_ctas;
+    attribute[count].val.clusterDim.y = 1;
+    attribute[count].val.clusterDim.z = 1;
+    ++count;
+  }
   config.attrs = attribute;
-  config.numAttrs = current_device_has_pdl() ? 1 : 0;
+  config.numAttrs = count;
   return cuda_status(cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...), what);
+}
+
+template <class... KernelArgs, class... Args>
+Status launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        const char* what, Args&&... args) {
+  return launch_dependent_in_clusters(kernel, grid, block, 0, smem, stream, what, std::forward<Args>(args)...);
 }
 
 }  // namespace fused::cuda::util

@@ -6,16 +6,23 @@
 //    (TMA) brings a CTA's next row of y into shared memory while the CTA reduces, exponentiates and
 //    stores the row it holds in registers, so every SM keeps y's loads in flight between rows;
 //  - in registers (everything else): one CTA per row, its loads issued at once.
-// Wider rows (up to any N) take the streaming kernel: an online max/sum pass, then a pass that
-// re-reads y (mostly from L2) and writes out. Every kernel also writes the row's log-normaliser for
-// the backward, and is launched as a programmatic dependent of finalize (kernels/common/pdl.cuh).
+// Rows of 16385 to 131072 columns (sm90, aligned rows) are split over a thread-block cluster of 3 to
+// 16 CTAs, each holding its part as the staged kernel holds a row, the row's max and sum exchanged
+// through distributed shared memory: still one read of y. Wider rows, and wide rows the clusters
+// cannot take, go to one CTA per row in registers up to 32768 columns, then to the streaming kernel:
+// an online max/sum pass, then a pass that re-reads y and writes out. Every kernel also writes the
+// row's log-normaliser for the backward, and is launched as a programmatic dependent of finalize
+// (kernels/common/pdl.cuh).
 // y alone is read before the kernel's wait for finalize: finalize lets the softmax launch only after
 // its own wait, so whatever wrote y (the GEMM, or any kernel before finalize) has completed by the
 // time a softmax CTA runs. Reading the first rows during finalize's few microseconds took 2-4 us
 // off the op on the H200 (1-2 %, every shape measured); the coefficients, finalize's output, are
 // read after the wait as the PDL contract says.
 // A layout (threads, float4 per thread) fixes the order of a row's reductions; staged or not, it
-// gives the same bits, so the choice between the two (by M) never changes results.
+// gives the same bits, so the choice between the two (by M) never changes results; nor does M change
+// the clustered kernel's bits. Each row's two block reductions use a barrier each (no leading one:
+// RowReduceBuffers): 1-2 % off the one-CTA-per-row kernels on the H200, the op level or up to 1 %
+// faster, the same bits.
 // (Measured slower on the H200 and removed: a persistent CTA of 1024 threads keeping the folded
 // coefficients in registers, 23.7 vs 18.8 us at 1024x8192; CTAs of 2 or 4 rows sharing one load of
 // the coefficients, 28 vs 21 us: the coefficients come from L1, and fewer CTAs hide less latency;
@@ -23,6 +30,8 @@
 // The row max is subtracted; NaN and +-inf propagate as in torch.softmax. expf (not the
 // approximate __expf) keeps exact-fp32 mode within 1e-5; the kernel is memory-bound anyway.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,6 +41,7 @@
 #include "fused/gemm_bn_softmax.h"
 #include "kernels/common/block_reduce.cuh"
 #include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/cluster.cuh"
 #include "kernels/common/pdl.cuh"
 #include "util/cuda_check.h"
 #include "util/device_info.h"
@@ -139,12 +149,27 @@ __device__ __forceinline__ void count_batch_once(int64_t* counter) {
   if (counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *counter += 1;
 }
 
-// The second half of a row held in registers (kVecs float4 per thread, this thread's max so far):
-// the row max and sum over the CTA, the log-normaliser, and out. Columns >= N hold -inf.
-template <int kThreads, int kVecs, bool kVec, class TOut>
+// A row held by one CTA: the CTA's max and sum are the row's.
+struct WithinCta {
+  template <bool kMax>
+  __device__ float reduce(float cta_value) const { return cta_value; }
+};
+
+// Shared memory of a row's two block reductions, a buffer each, so that neither needs a leading
+// barrier (block_reduce's kGuarded): the max's buffer is written again only after the sum's barrier,
+// which every thread reaches after reading it, and the sum's only after the next row's max barrier.
+struct RowReduceBuffers {
+  float max[32], sum[32];
+};
+
+// The second half of a row held in registers (kVecs float4 per thread from column col0, this thread's
+// max so far): the row max and sum over the CTA (and `across` the CTAs sharing the row), the
+// log-normaliser, and out. Columns >= N hold -inf.
+template <int kThreads, int kVecs, bool kVec, class TOut, class Across = WithinCta>
 __device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float mx, int64_t row, int64_t N, TOut* __restrict__ out,
-                                           int64_t ldo, float* __restrict__ row_lse, float* smem) {
-  mx = block_reduce<kThreads, true>(mx, smem);
+                                           int64_t ldo, float* __restrict__ row_lse, RowReduceBuffers& smem,
+                                           const Across& across = {}, int64_t col0 = 0) {
+  mx = across.template reduce<true>(block_reduce<kThreads, true, false>(mx, smem.max));
   float sum = 0.f;
 #pragma unroll
   for (int v = 0; v < kVecs; ++v) {
@@ -154,13 +179,13 @@ __device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float mx, int64_t
     z[v].w = expf(z[v].w - mx);
     sum += (z[v].x + z[v].y) + (z[v].z + z[v].w);
   }
-  sum = block_reduce<kThreads, false>(sum, smem);
+  sum = across.template reduce<false>(block_reduce<kThreads, false, false>(sum, smem.sum));
   if (row_lse != nullptr && threadIdx.x == 0) row_lse[row] = detail::log_normaliser(mx, sum);
   const float inv = 1.f / sum;
   TOut* orow = out + row * ldo;
 #pragma unroll
   for (int v = 0; v < kVecs; ++v) {
-    const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
+    const int64_t col = col0 + (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
     if (col < N)
       store4<kVec>(orow, col, N, make_float4(z[v].x * inv, z[v].y * inv, z[v].z * inv, z[v].w * inv));
   }
@@ -172,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
     softmax_rows_in_registers(const float* __restrict__ y, int64_t ldy, int64_t N, ColumnAffine f,
                               TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse,
                               int64_t* batch_counter) {
-  __shared__ float smem[32];
+  __shared__ RowReduceBuffers smem;
   const int64_t row = blockIdx.x;
   const float* yrow = y + row * ldy;
   float4 z[kVecs];
@@ -206,7 +231,7 @@ __global__ void __launch_bounds__(kThreads)
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
   __shared__ alignas(16) float4 row_buffer[kThreads * kVecs];
   __shared__ alignas(8) uint64_t row_landed;
-  __shared__ float smem[32];
+  __shared__ RowReduceBuffers smem;
   const uint32_t row_bytes = static_cast<uint32_t>(N) * 4u;
   if (threadIdx.x == 0) util::mbarrier_init(&row_landed, 1);
   __syncthreads();
@@ -247,12 +272,114 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The CTAs of a thread-block cluster sharing each row. Each CTA sends its max (then its sum) into
+// its own slot of every CTA's shared memory by st.async, which completes 4 bytes of a transaction on
+// the receiving CTA's mbarrier; each CTA waits on its own mbarrier for all `ctas` values, then lane r
+// of every warp takes slot r and a fixed shuffle tree combines them, so every thread of every CTA gets
+// the same bits. No cluster-wide barrier: a release barrier would wait for the CTA's earlier global
+// stores (the previous row's out), which made a first version with barriers 1.6x slower (H200).
+// Slots and mbarriers alternate by row parity: a CTA sends row r + 2's max only after it has every
+// CTA's row r + 1 sum, each sent after that CTA's block barrier that follows all its threads' reading
+// of row r's max; the sums likewise.
+struct AcrossCluster {
+  float* slots;    // [max, sum][row parity][kMaxSoftmaxClusterCtas]
+  uint64_t* bars;  // [max, sum][row parity]
+  unsigned ctas, rank;
+  uint32_t rows_done;  // by this CTA
+
+  template <bool kMax>
+  __device__ float reduce(float cta_value) const {
+    // A cluster of one (row_softmax_with_layout at N <= 8192) has nobody to exchange with; st.async
+    // needs a cluster of two or more.
+    if (ctas == 1) return cta_value;
+    const int k = (kMax ? 0 : 2) + int(rows_done & 1u);
+    float* slot = slots + k * kMaxSoftmaxClusterCtas;
+    uint64_t* bar = bars + k;
+    if (threadIdx.x < ctas)
+      util::store_async_to_cta(util::cluster_address(slot + rank, threadIdx.x), cta_value,
+                               util::cluster_address(bar, threadIdx.x));
+    if (threadIdx.x == 0) util::mbarrier_arrive_expect(bar, ctas * 4u);
+    util::mbarrier_wait(bar, (rows_done >> 1) & 1u);  // this mbarrier's use count, mod 2
+    const unsigned lane = threadIdx.x % 32;
+    float v = kMax ? -INFINITY : 0.f;
+    if (lane < ctas) v = slot[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, v, o);
+      v = kMax ? fmaxf(v, other) : v + other;
+    }
+    return v;
+  }
+};
+
+// Rows wider than one CTA holds (sm90, rows 16-byte aligned, N % 4 == 0): a cluster of
+// ceil(N / (kThreads * 4 * kVecs)) CTAs per row, CTA r of a cluster holding columns
+// [r * kThreads * 4 * kVecs, ...) of each row as the staged kernel holds a whole row: its columns'
+// coefficients resident in registers, its next row's part brought by a bulk copy while it finishes
+// the current one. Persistent clusters walk rows cluster, + clusters, ...; the row's max and sum
+// cross the cluster (AcrossCluster). y is read once and the coefficients once per CTA, where the
+// streaming kernel reads y twice and every column's coefficients twice per row (measured on the
+// H200 at 1024x131072, bf16 out: 385 us against a 184 us copy of the same bytes). With one CTA a
+// cluster it gives the staged kernel's bits (a max with -inf and a sum with +0 change nothing).
+template <int kThreads, int kVecs, class TOut>
+__global__ void __launch_bounds__(kThreads, 1)
+    softmax_rows_clustered(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
+                           TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
+  constexpr int64_t kColumns = int64_t{kThreads} * 4 * kVecs;
+  extern __shared__ float4 row_buffer[];  // kThreads * kVecs
+  __shared__ alignas(8) uint64_t row_landed;
+  __shared__ alignas(8) uint64_t exchange_bars[4];
+  __shared__ float exchange_slots[4 * kMaxSoftmaxClusterCtas];
+  __shared__ RowReduceBuffers smem;
+  const unsigned ctas = util::cluster_ctas(), rank = util::cluster_rank();
+  const int64_t col0 = int64_t{rank} * kColumns;
+  const uint32_t part_bytes = static_cast<uint32_t>(std::min(kColumns, N - col0)) * 4u;  // > 0: ctas fit N
+  const int64_t clusters = gridDim.x / ctas;
+  int64_t row = blockIdx.x / ctas;
+  if (threadIdx.x == 0) {
+    util::mbarrier_init(&row_landed, 1);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) util::mbarrier_init(&exchange_bars[b], 1);
+  }
+  util::cluster_sync();  // every CTA's exchange barriers exist before anyone sends
+  if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy + col0, part_bytes, &row_landed);
+  util::wait_for_prerequisites();
+  util::allow_dependents_to_launch();
+  count_batch_once(batch_counter);
+  Coefs4 resident[kVecs];
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {
+    const int64_t col = col0 + (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
+    if (col < N) resident[v] = load_coefs<true>(f, col, N);
+  }
+  uint32_t rows_done = 0;
+  for (uint32_t phase = 0; row < M; row += clusters, phase ^= 1u, ++rows_done) {
+    util::mbarrier_wait(&row_landed, phase);
+    float4 z[kVecs];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const int64_t col = col0 + (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
+      z[v] = col < N ? logits4(row_buffer[v * kThreads + threadIdx.x], resident[v])
+                     : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      mx = fmaxf(mx, max4(z[v]));
+    }
+    __syncthreads();  // every thread has its part of the row: the buffer takes the next one
+    const int64_t next = row + clusters;
+    if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy + col0, part_bytes, &row_landed);
+    float* lse = rank == 0 ? row_lse : nullptr;
+    finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, lse, smem,
+                                                AcrossCluster{exchange_slots, exchange_bars, ctas, rank, rows_done}, col0);
+  }
+  util::cluster_sync();  // no CTA exits while another may still read or write its shared memory
+}
+
 // Any N: online (max, sum) over the row, then a second pass that writes.
 template <int kThreads, bool kVec, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_streaming(const float* __restrict__ y, int64_t ldy, int64_t N, ColumnAffine f, TOut* __restrict__ out,
                            int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
-  __shared__ float smem[32];
+  __shared__ RowReduceBuffers smem;
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
   count_batch_once(batch_counter);
@@ -268,9 +395,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     mx = m4;
   }
-  const float row_max = block_reduce<kThreads, true>(mx, smem);
+  const float row_max = block_reduce<kThreads, true, false>(mx, smem.max);
   sum = mx == -INFINITY ? 0.f : sum * expf(mx - row_max);
-  sum = block_reduce<kThreads, false>(sum, smem);
+  sum = block_reduce<kThreads, false, false>(sum, smem.sum);
   if (row_lse != nullptr && threadIdx.x == 0) row_lse[row] = detail::log_normaliser(row_max, sum);
   const float inv = 1.f / sum;
   TOut* orow = out + row * ldo;
@@ -289,6 +416,7 @@ __global__ void __launch_bounds__(kThreads)
 // slower from 2048 rows (82 registers: one CTA per SM), so there the coefficients come from L1.
 #define FUSED_SOFTMAX_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4) X(512, 8) X(1024, 8)
 #define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1, false) X(256, 2, true) X(256, 4, true) X(512, 4, false)
+#define FUSED_SOFTMAX_CLUSTERED_LAYOUTS(X) X(512, 4)
 
 // CTAs of a staged kernel resident per SM (for its persistent grid), cached per device; 0 on failure.
 template <int kThreads, int kVecs, bool kResident, class TOut>
@@ -327,6 +455,66 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
                                 "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
 
+template <int kThreads, int kVecs>
+constexpr int clustered_smem_bytes() { return kThreads * kVecs * 16; }  // the row buffer
+
+// Clusters of `ctas` CTAs of the clustered kernel resident at once on `device`
+// (cudaOccupancyMaxActiveClusters), cached per device and cluster size; 0 when none fits or the query
+// fails. Clusters above 8 CTAs (a non-portable size) are allowed on the kernel here, before its first
+// launch of that size.
+template <int kThreads, int kVecs, class TOut>
+int resident_clusters(int device, unsigned ctas) {
+  static std::atomic<int> cache[util::kMaxCachedDevices][kMaxSoftmaxClusterCtas + 1] = {};
+  if (device < 0 || device >= util::kMaxCachedDevices || ctas == 0 || ctas > kMaxSoftmaxClusterCtas) return 0;
+  std::atomic<int>& cached = cache[device][ctas];
+  if (const int v = cached.load(std::memory_order_relaxed); v > 0) return v;
+  auto kernel = softmax_rows_clustered<kThreads, kVecs, TOut>;
+  constexpr int kSmem = clustered_smem_bytes<kThreads, kVecs>();
+  if ((ctas > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(ctas);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmem;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = ctas;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (clusters > 0) cached.store(clusters, std::memory_order_relaxed);
+  return clusters;
+}
+
+// The clustered kernel's persistent launch: ceil(N / columns a CTA holds) CTAs a cluster, as many
+// clusters as are resident at once (at most M). kNotSupported where no such cluster fits the device.
+template <int kThreads, int kVecs, class TOut>
+Status launch_clustered(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out,
+                        int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
+  constexpr int64_t kColumns = int64_t{kThreads} * 4 * kVecs;
+  const int64_t ctas = (N + kColumns - 1) / kColumns;
+  if (ctas > kMaxSoftmaxClusterCtas)
+    return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
+  const int clusters =
+      resident_clusters<kThreads, kVecs, TOut>(util::detail::current_device(), static_cast<unsigned>(ctas));
+  if (clusters <= 0)
+    return {StatusCode::kNotSupported, "row_softmax: no thread-block cluster of the CTAs a row needs fits the device"};
+  const dim3 grid(static_cast<unsigned>(ctas * std::min<int64_t>(M, clusters)));
+  return util::launch_dependent_in_clusters(softmax_rows_clustered<kThreads, kVecs, TOut>, grid, kThreads,
+                                            static_cast<unsigned>(ctas), clustered_smem_bytes<kThreads, kVecs>(),
+                                            stream, "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse,
+                                            counter);
+}
+
 template <bool kVec, class TOut>
 Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N,
                     const ColumnAffine& f, TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
@@ -334,8 +522,16 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
   if (l.threads == 0)
     return util::launch_dependent(softmax_rows_streaming<1024, kVec, TOut>, rows, 1024, 0, stream,
                                   "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse, counter);
-  if (int64_t{l.threads} * 4 * l.vecs < N)
-    return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
+  if (l.max_columns() < N) return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
+  if (l.clustered) {
+    if constexpr (kVec) {
+#define FUSED_SOFTMAX_CLUSTERED_CASE(T, V) \
+  if (l.threads == T && l.vecs == V) return launch_clustered<T, V>(y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
+      FUSED_SOFTMAX_CLUSTERED_LAYOUTS(FUSED_SOFTMAX_CLUSTERED_CASE)
+#undef FUSED_SOFTMAX_CLUSTERED_CASE
+    }
+    return {StatusCode::kNotSupported, "row_softmax: clustered layout not built"};
+  }
   if (l.staged) {
     if constexpr (kVec) {
 #define FUSED_SOFTMAX_STAGED_CASE(T, V, R)              \
@@ -348,7 +544,7 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
   }
 #define FUSED_SOFTMAX_CASE(T, V)                                                                              \
   if (l.threads == T && l.vecs == V)                                                                        \
-    return util::launch_dependent(softmax_rows_in_registers<T, V, kVec, TOut>, rows, T, 0, stream,           \
+    return util::launch_dependent(softmax_rows_in_registers<T, V, kVec, TOut>, rows, T, 0, stream, \
                                   "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse, counter);
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_CASE)
 #undef FUSED_SOFTMAX_CASE
@@ -363,6 +559,15 @@ bool vector_aligned(const float* y, int64_t ldy, const ColumnAffine& f, const vo
          util::aligned16(f.c) && (reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut))) == 0;
 }
 
+// Where the clustered layout cannot run (no sm90, unaligned rows, no such cluster fits): one CTA per
+// row holding it in registers up to 32768 columns, the streaming kernel beyond. Their reductions
+// run in another order, so such rows may differ from aligned ones in the last bits.
+SoftmaxLayout unclustered_layout(int64_t N) {
+  if (N <= 512 * 4 * 8) return {512, 8, false};
+  if (N <= 1024 * 4 * 8) return {1024, 8, false};
+  return {0, 0, false};
+}
+
 template <class TOut>
 Status launch(SoftmaxLayout l, bool fit_layout, const float* y, int64_t ldy, int64_t M, int64_t N,
               const ColumnAffine& f, void* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
@@ -372,10 +577,15 @@ Status launch(SoftmaxLayout l, bool fit_layout, const float* y, int64_t ldy, int
     const bool sm90 = util::compute_capability_major(util::detail::current_device(), major).ok() && major >= 9;
     if (!(sm90 && vec && N % 4 == 0)) {  // what the bulk copies need
       if (!fit_layout) return {StatusCode::kNotSupported, "row_softmax: staged layout needs sm90 and aligned rows"};
-      l.staged = false;
+      l = l.clustered ? unclustered_layout(N) : SoftmaxLayout{l.threads, l.vecs, false};
     }
   }
   auto* o = static_cast<TOut*>(out);
+  if (l.clustered) {
+    const Status st = launch_typed<true>(l, fit_layout, y, ldy, M, N, f, o, ldo, row_lse, counter, stream);
+    if (!fit_layout || st.code != StatusCode::kNotSupported) return st;
+    l = unclustered_layout(N);  // no such cluster fits this device (e.g. a partitioned GPU)
+  }
   return vec ? launch_typed<true>(l, fit_layout, y, ldy, M, N, f, o, ldo, row_lse, counter, stream)
              : launch_typed<false>(l, fit_layout, y, ldy, M, N, f, o, ldo, row_lse, counter, stream);
 }
@@ -409,8 +619,15 @@ SoftmaxLayout row_softmax_layout(int64_t N) {
   // M = 1024 and 18-19 % faster from M = 4096; unstaged at M = 256, 6 % faster
   // (bench/cpp/bench_row_softmax.cu on the H200).
   if (N <= 512 * 4 * 4) return {512, 4, true};
+  // Up to 16384: one CTA of 512 x 8 a row. A cluster of two 512 x 4 CTAs was 4 % faster at 16384
+  // columns but 8 % slower at 12000, where its second CTA holds under half a part (H200, bf16 out).
   if (N <= 512 * 4 * 8) return {512, 8, false};
-  if (N <= 1024 * 4 * 8) return {1024, 8, false};
+  // Wider: 512 x 4 per CTA, a cluster of CTAs per row (row_softmax runs unclustered_layout() where
+  // the cluster cannot run), up to 16 CTAs; then the streaming kernel. Against what ran before
+  // (1024 x 8 one CTA a row up to 32768 columns, then streaming), bf16 out, H200, us: 1024x32768
+  // 82 vs 94; 4096x32768 288 vs 345; 1024x65536 156 vs 223; 1024x131072 330 vs 464; 64x131072 29 vs
+  // 48 (a copy of the same bytes: 67, 256, 143, 256, 20).
+  if (N <= 512 * 4 * 4 * kMaxSoftmaxClusterCtas) return {512, 4, true, true};
   return {0, 0, false};
 }
 
@@ -421,6 +638,9 @@ std::vector<SoftmaxLayout> row_softmax_built_layouts() {
 #undef FUSED_SOFTMAX_LIST
 #define FUSED_SOFTMAX_LIST(T, V, R) layouts.push_back({T, V, true});
   FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_LIST)
+#undef FUSED_SOFTMAX_LIST
+#define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, true, true});
+  FUSED_SOFTMAX_CLUSTERED_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
   return layouts;
 }
