@@ -21,14 +21,22 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* barrier, uint32_t arriva
 #endif
 }
 
+// This thread's arrival on a local mbarrier, announcing `bytes` of transactions (bulk copies, remote
+// st.async) that its current phase also waits for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* barrier, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+#endif
+}
+
 // Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory;
 // the barrier's current phase completes when they have landed. One thread calls it per phase.
 __device__ __forceinline__ void bulk_load(void* shared_dst, const void* global_src, uint32_t bytes, uint64_t* barrier) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The buffer may have just been read through the generic proxy: order those reads first.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
-               : "memory");
+  mbarrier_arrive_expect_tx(barrier, bytes);
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    shared_address(shared_dst)),
                "l"(global_src), "r"(bytes), "r"(shared_address(barrier))

@@ -11,23 +11,18 @@
 
 namespace fused::cuda::util {
 
-__device__ __forceinline__ uint32_t cluster_ctas() {
+// This CTA's place in its thread-block cluster: the cluster's size in CTAs and the CTA's rank in it.
+struct ClusterPlace {
+  uint32_t ctas, rank;
+};
+__device__ __forceinline__ ClusterPlace cluster_place() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return n;
+  uint32_t ctas, rank;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(ctas));
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return {ctas, rank};
 #else
-  return 1;
-#endif
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-#else
-  return 0;
+  return {1, 0};
 #endif
 }
 
@@ -62,16 +57,6 @@ __device__ __forceinline__ void store_async_to_cta(uint32_t remote, float v, uin
                : "memory");
 #else
   (void)remote, (void)v, (void)remote_barrier;
-#endif
-}
-
-// This thread's arrival on a local mbarrier, announcing `bytes` of transactions for its current phase.
-__device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* barrier, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
-               : "memory");
-#else
-  (void)barrier, (void)bytes;
 #endif
 }
 

@@ -31,7 +31,6 @@
 // approximate __expf) keeps exact-fp32 mode within 1e-5; the kernel is memory-bound anyway.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -298,7 +297,7 @@ struct AcrossCluster {
     if (threadIdx.x < ctas)
       util::store_async_to_cta(util::cluster_address(slot + rank, threadIdx.x), cta_value,
                                util::cluster_address(bar, threadIdx.x));
-    if (threadIdx.x == 0) util::mbarrier_arrive_expect(bar, ctas * 4u);
+    if (threadIdx.x == 0) util::mbarrier_arrive_expect_tx(bar, ctas * 4u);
     util::mbarrier_wait(bar, (rows_done >> 1) & 1u);  // this mbarrier's use count, mod 2
     const unsigned lane = threadIdx.x % 32;
     float v = kMax ? -INFINITY : 0.f;
@@ -318,9 +317,9 @@ struct AcrossCluster {
 // coefficients resident in registers, its next row's part brought by a bulk copy while it finishes
 // the current one. Persistent clusters walk rows cluster, + clusters, ...; the row's max and sum
 // cross the cluster (AcrossCluster). y is read once and the coefficients once per CTA, where the
-// streaming kernel reads y twice and every column's coefficients twice per row (measured on the
-// H200 at 1024x131072, bf16 out: 385 us against a 184 us copy of the same bytes). With one CTA a
-// cluster it gives the staged kernel's bits (a max with -inf and a sum with +0 change nothing).
+// streaming kernel reads y twice and every column's coefficients twice per row (H200, 1024x131072,
+// bf16 out: 330 us against the streaming kernel's 464 and a copy of the same bytes' 256). With one
+// CTA a cluster it is the staged kernel (the same bits).
 template <int kThreads, int kVecs, class TOut>
 __global__ void __launch_bounds__(kThreads, 1)
     softmax_rows_clustered(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
@@ -331,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ alignas(8) uint64_t exchange_bars[4];
   __shared__ float exchange_slots[4 * kMaxSoftmaxClusterCtas];
   __shared__ RowReduceBuffers smem;
-  const unsigned ctas = util::cluster_ctas(), rank = util::cluster_rank();
+  const auto [ctas, rank] = util::cluster_place();
   const int64_t col0 = int64_t{rank} * kColumns;
   const uint32_t part_bytes = static_cast<uint32_t>(std::min(kColumns, N - col0)) * 4u;  // > 0: ctas fit N
   const int64_t clusters = gridDim.x / ctas;
@@ -369,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy + col0, part_bytes, &row_landed);
     float* lse = rank == 0 ? row_lse : nullptr;
     finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, lse, smem,
-                                                AcrossCluster{exchange_slots, exchange_bars, ctas, rank, rows_done}, col0);
+                                      AcrossCluster{exchange_slots, exchange_bars, ctas, rank, rows_done}, col0);
   }
   util::cluster_sync();  // no CTA exits while another may still read or write its shared memory
 }
@@ -459,20 +458,21 @@ template <int kThreads, int kVecs>
 constexpr int clustered_smem_bytes() { return kThreads * kVecs * 16; }  // the row buffer
 
 // Clusters of `ctas` CTAs of the clustered kernel resident at once on `device`
-// (cudaOccupancyMaxActiveClusters), cached per device and cluster size; 0 when none fits or the query
-// fails. Clusters above 8 CTAs (a non-portable size) are allowed on the kernel here, before its first
-// launch of that size.
+// (cudaOccupancyMaxActiveClusters), cached per device and cluster size, "none" too; 0 when none fits or
+// the query fails. Clusters above 8 CTAs (a non-portable size) are allowed on the kernel here, before
+// its first launch of that size.
 template <int kThreads, int kVecs, class TOut>
 int resident_clusters(int device, unsigned ctas) {
   static std::atomic<int> cache[util::kMaxCachedDevices][kMaxSoftmaxClusterCtas + 1] = {};
   if (device < 0 || device >= util::kMaxCachedDevices || ctas == 0 || ctas > kMaxSoftmaxClusterCtas) return 0;
-  std::atomic<int>& cached = cache[device][ctas];
-  if (const int v = cached.load(std::memory_order_relaxed); v > 0) return v;
+  std::atomic<int>& cached = cache[device][ctas];  // 0: not asked yet, -1: none
+  if (const int v = cached.load(std::memory_order_relaxed); v != 0) return v > 0 ? v : 0;
   auto kernel = softmax_rows_clustered<kThreads, kVecs, TOut>;
   constexpr int kSmem = clustered_smem_bytes<kThreads, kVecs>();
   if ((ctas > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
     (void)cudaGetLastError();
+    cached.store(-1, std::memory_order_relaxed);
     return 0;
   }
   cudaLaunchConfig_t config = {};
@@ -489,10 +489,10 @@ int resident_clusters(int device, unsigned ctas) {
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
-    return 0;
+    clusters = 0;
   }
-  if (clusters > 0) cached.store(clusters, std::memory_order_relaxed);
-  return clusters;
+  cached.store(clusters > 0 ? clusters : -1, std::memory_order_relaxed);
+  return clusters > 0 ? clusters : 0;
 }
 
 // The clustered kernel's persistent launch: ceil(N / columns a CTA holds) CTAs a cluster, as many
@@ -544,7 +544,7 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
   }
 #define FUSED_SOFTMAX_CASE(T, V)                                                                              \
   if (l.threads == T && l.vecs == V)                                                                        \
-    return util::launch_dependent(softmax_rows_in_registers<T, V, kVec, TOut>, rows, T, 0, stream, \
+    return util::launch_dependent(softmax_rows_in_registers<T, V, kVec, TOut>, rows, T, 0, stream,           \
                                   "row_softmax kernel launch", y, ldy, N, f, out, ldo, row_lse, counter);
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_CASE)
 #undef FUSED_SOFTMAX_CASE
