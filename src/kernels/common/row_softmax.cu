@@ -318,7 +318,7 @@ struct AcrossCluster {
 // the current one. Persistent clusters walk rows cluster, + clusters, ...; the row's max and sum
 // cross the cluster (AcrossCluster). y is read once and the coefficients once per CTA, where the
 // streaming kernel reads y twice and every column's coefficients twice per row (H200, 1024x131072,
-// bf16 out: 330 us against the streaming kernel's 464 and a copy of the same bytes' 256). With one
+// bf16 out: 330 us against the streaming kernel's 464 and an fp32 copy of y's 256). With one
 // CTA a cluster it is the staged kernel (the same bits).
 template <int kThreads, int kVecs, class TOut>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -626,7 +626,7 @@ SoftmaxLayout row_softmax_layout(int64_t N) {
   // the cluster cannot run), up to 16 CTAs; then the streaming kernel. Against what ran before
   // (1024 x 8 one CTA a row up to 32768 columns, then streaming), bf16 out, H200, us: 1024x32768
   // 82 vs 94; 4096x32768 288 vs 345; 1024x65536 156 vs 223; 1024x131072 330 vs 464; 64x131072 29 vs
-  // 48 (a copy of the same bytes: 67, 256, 143, 256, 20).
+  // 48 (an fp32 copy of y: 67, 256, 143, 256, 20).
   if (N <= 512 * 4 * 4 * kMaxSoftmaxClusterCtas) return {512, 4, true, true};
   return {0, 0, false};
 }
