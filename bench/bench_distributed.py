@@ -173,6 +173,9 @@ def run(rank, a, port, out_path):
         records = measure_all(rank, a, device)
         if rank == 0:
             write_result(a, device, records, out_path)
+        # No rank tears the group down while rank 0 still writes: once, on a loaded 2-core machine, rank 0
+        # aborted ("terminate called without an active exception") after its peer had destroyed the group.
+        dist.barrier()
     finally:
         gc.collect()  # DDP objects hold the process group: gone before it is destroyed
         dist.destroy_process_group()
