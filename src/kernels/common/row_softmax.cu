@@ -31,7 +31,6 @@
 // approximate __expf) keeps exact-fp32 mode within 1e-5; the kernel is memory-bound anyway.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -225,7 +224,7 @@ __global__ void __launch_bounds__(kThreads)
 // 16-byte aligned, N % 4 == 0 (whole float4, bulk-copy sizes), N <= kThreads * kVecs * 4.
 // kResident: each thread loads its columns' coefficients once and keeps them in registers across
 // rows instead of reloading them (12 B a column) for every row.
-template <int kThreads, int kVecs, bool kResident, class TOut, bool kEarlyCopy = false>
+template <int kThreads, int kVecs, bool kResident, class TOut>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
@@ -253,43 +252,21 @@ __global__ void __launch_bounds__(kThreads)
     util::mbarrier_wait(&row_landed, phase);
     float4 z[kVecs];
     float mx = -INFINITY;
-    const int64_t next = row + gridDim.x;
-    if constexpr (kEarlyCopy) {  // EXPERIMENT: the row into registers, the next copy, then the logits
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v) {
-        const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-        if (col < N) z[v] = row_buffer[v * kThreads + threadIdx.x];
+    for (int v = 0; v < kVecs; ++v) {
+      const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
+      if (col >= N) {
+        z[v] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      } else if constexpr (kResident) {
+        z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], resident[v]);
+      } else {
+        z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], load_coefs<true>(f, col, N));
       }
-      __syncthreads();
-      if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy, row_bytes, &row_landed);
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) {
-        const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-        if (col >= N) {
-          z[v] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-        } else if constexpr (kResident) {
-          z[v] = logits4(z[v], resident[v]);
-        } else {
-          z[v] = logits4(z[v], load_coefs<true>(f, col, N));
-        }
-        mx = fmaxf(mx, max4(z[v]));
-      }
-    } else {
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) {
-        const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-        if (col >= N) {
-          z[v] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-        } else if constexpr (kResident) {
-          z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], resident[v]);
-        } else {
-          z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], load_coefs<true>(f, col, N));
-        }
-        mx = fmaxf(mx, max4(z[v]));
-      }
-      __syncthreads();  // every thread has its part of the row: the buffer takes the next one
-      if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy, row_bytes, &row_landed);
+      mx = fmaxf(mx, max4(z[v]));
     }
+    __syncthreads();  // every thread has its part of the row: the buffer takes the next one
+    const int64_t next = row + gridDim.x;
+    if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy, row_bytes, &row_landed);
     finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, row_lse, smem);
   }
 }
@@ -473,10 +450,6 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
                                   dim3(static_cast<unsigned>(M)), kThreads, 0, stream, "row_softmax kernel launch", y,
                                   ldy, N, f, out, ldo, row_lse, counter);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(M, resident)));
-  static const bool early_copy = std::getenv("FUSED_SOFTMAX_EARLY_COPY") != nullptr;  // EXPERIMENT A/B switch
-  if (early_copy)
-    return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kResident, TOut, true>, grid, kThreads, 0,
-                                  stream, "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
   return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kResident, TOut>, grid, kThreads, 0, stream,
                                 "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
