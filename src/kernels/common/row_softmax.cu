@@ -458,9 +458,9 @@ template <int kThreads, int kVecs>
 constexpr int clustered_smem_bytes() { return kThreads * kVecs * 16; }  // the row buffer
 
 // Clusters of `ctas` CTAs of the clustered kernel resident at once on `device`
-// (cudaOccupancyMaxActiveClusters), cached per device and cluster size, "none" too; 0 when none fits or
-// the query fails. Clusters above 8 CTAs (a non-portable size) are allowed on the kernel here, before
-// its first launch of that size.
+// (cudaOccupancyMaxActiveClusters), cached per device and cluster size; 0 when none fits (remembered:
+// the device's answer) or a call fails (asked again next time). Clusters above 8 CTAs (a non-portable
+// size) are allowed on the kernel here, before its first launch of that size.
 template <int kThreads, int kVecs, class TOut>
 int resident_clusters(int device, unsigned ctas) {
   static std::atomic<int> cache[util::kMaxCachedDevices][kMaxSoftmaxClusterCtas + 1] = {};
@@ -472,7 +472,6 @@ int resident_clusters(int device, unsigned ctas) {
   if ((ctas > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
     (void)cudaGetLastError();
-    cached.store(-1, std::memory_order_relaxed);
     return 0;
   }
   cudaLaunchConfig_t config = {};
@@ -489,7 +488,7 @@ int resident_clusters(int device, unsigned ctas) {
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
-    clusters = 0;
+    return 0;
   }
   cached.store(clusters > 0 ? clusters : -1, std::memory_order_relaxed);
   return clusters > 0 ? clusters : 0;
