@@ -328,6 +328,19 @@ TEST(RowSoftmaxGpu, HalfAndBFloat16Outputs) {
   check_softmax<__half>(5, 9000, 0, ElementType::kFloat16, 5e-4);
 }
 
+// Fixed, varied folded coefficients of N columns on the device, for tests that compare kernels' bits.
+struct DeviceAffine {
+  DeviceBuf<float> shift, a, c;
+  explicit DeviceAffine(int64_t N)
+      : shift(pattern(N, 0.f, 0.1f, 7)), a(pattern(N, 0.5f, 0.01f, 11)), c(pattern(N, 0.f, 0.01f, 13)) {}
+  ColumnAffine affine() const { return {shift.ptr, a.ptr, c.ptr}; }
+  static std::vector<float> pattern(int64_t N, float base, float step, int period) {
+    std::vector<float> v(N);
+    for (int64_t n = 0; n < N; ++n) v[n] = base + step * (n % period);
+    return v;
+  }
+};
+
 // The staged kernel (persistent CTAs, rows brought in by bulk copies), the one-CTA-per-row kernel and
 // the clustered kernel with a cluster of one reduce a row over the same threads in the same order: the
 // same bits, on ragged shapes (rows not a multiple of the grid; odd N and unaligned strides, where
@@ -341,14 +354,9 @@ TEST(RowSoftmaxGpu, StagedAndUnstagedGiveTheSameBits) {
     const int64_t ld = s.N + s.pad;
     std::vector<float> y_strided(s.M * ld, 0.f);
     for (int64_t i = 0; i < s.M; ++i) std::copy(y.begin() + i * s.N, y.begin() + (i + 1) * s.N, y_strided.begin() + i * ld);
-    std::vector<float> shift(s.N), a(s.N), c(s.N);
-    for (int64_t n = 0; n < s.N; ++n) {
-      shift[n] = 0.1f * (n % 7);
-      a[n] = 0.5f + 0.01f * (n % 11);
-      c[n] = 0.01f * (n % 13);
-    }
-    DeviceBuf<float> dy(y_strided), ds(shift), da(a), dc(c);
-    const ColumnAffine affine{ds.ptr, da.ptr, dc.ptr};
+    const DeviceAffine coefs(s.N);
+    DeviceBuf<float> dy(y_strided);
+    const ColumnAffine affine = coefs.affine();
     auto run = [&](const cuda::SoftmaxLayout* layout, std::vector<__nv_bfloat16>& out, std::vector<float>& lse) {
       DeviceBuf<__nv_bfloat16> dout(s.M * ld);
       DeviceBuf<float> dlse(s.M);
@@ -401,15 +409,10 @@ TEST(RowSoftmaxGpu, WideRowsGiveTheSameBitsWhateverM) {
   for (const int64_t N : {int64_t{24000}, int64_t{131072}}) {
     const int64_t M = N > 100000 ? 400 : 1500, few = 3;
     const auto y = test::random_columns(M, N, 5.0, 11 + N);
-    std::vector<float> shift(N), a(N), c(N);
-    for (int64_t n = 0; n < N; ++n) {
-      shift[n] = 0.1f * (n % 7);
-      a[n] = 0.5f + 0.01f * (n % 11);
-      c[n] = 0.01f * (n % 13);
-    }
-    DeviceBuf<float> dy(y), ds(shift), da(a), dc(c);
+    const DeviceAffine coefs(N);
+    DeviceBuf<float> dy(y);
     DeviceBuf<int64_t> counter(std::vector<int64_t>{41});
-    const ColumnAffine affine{ds.ptr, da.ptr, dc.ptr};
+    const ColumnAffine affine = coefs.affine();
     auto run = [&](int64_t rows, std::vector<float>& out, std::vector<float>& lse) {
       DeviceBuf<float> dout(rows * N), dlse(rows);  // NaN-poisoned: unwritten shows
       const Status st = cuda::row_softmax(dy.ptr, N, rows, N, affine, dout.ptr, N, ElementType::kFloat32, dlse.ptr,

@@ -618,9 +618,10 @@ SoftmaxLayout row_softmax_layout(int64_t N) {
   // M = 1024 and 18-19 % faster from M = 4096; unstaged at M = 256, 6 % faster
   // (bench/cpp/bench_row_softmax.cu on the H200).
   if (N <= 512 * 4 * 4) return {512, 4, true};
-  // Up to 16384: one CTA of 512 x 8 a row. A cluster of two 512 x 4 CTAs was 4 % faster at 16384
-  // columns but 8 % slower at 12000, where its second CTA holds under half a part (H200, bf16 out).
-  if (N <= 512 * 4 * 8) return {512, 8, false};
+  // Up to 16384: one CTA of 512 x 8 a row (unclustered_layout). A cluster of two 512 x 4 CTAs was 4 %
+  // faster at 16384 columns but 8 % slower at 12000, where its second CTA holds under half a part
+  // (H200, bf16 out).
+  if (N <= 512 * 4 * 8) return unclustered_layout(N);
   // Wider: 512 x 4 per CTA, a cluster of CTAs per row (row_softmax runs unclustered_layout() where
   // the cluster cannot run), up to 16 CTAs; then the streaming kernel. Against what ran before
   // (1024 x 8 one CTA a row up to 32768 columns, then streaming), bf16 out, H200, us: 1024x32768
