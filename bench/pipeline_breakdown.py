@@ -6,7 +6,11 @@ FUSED_DISABLE_PDL=1 for each kernel's own time (then "total - sum" is the launch
 
 --copy-reference adds, per case, the time of a copy that moves the softmax's bytes: y (M, N) fp32
 read once and written once in the output's dtype (`out.copy_(y)`, replayed and profiled the same
-way), and the softmax kernel's share of that copy's bandwidth."""
+way), and the softmax kernel's share of that copy's bandwidth.
+
+--gemm-reference adds, per case, F.linear on the same x, W and bias (cuBLAS; TF32 allowed in tf32
+mode), replayed and profiled the same way, against the op's GEMM kernel: the two GEMMs on the same
+data in the same process (the data moves the clocks of a power-limited GEMM by several per cent)."""
 import argparse
 import collections
 import os
@@ -66,6 +70,8 @@ def main():
                    help="mode:MxNxK, mode bf16 or tf32")
     p.add_argument("--copy-reference", action="store_true",
                    help="also time a copy of y into the output's dtype (the softmax's bytes)")
+    p.add_argument("--gemm-reference", action="store_true",
+                   help="also time F.linear on the same data (the bare GEMM the op is compared with)")
     a = p.parse_args()
     pdl = os.environ.get("FUSED_DISABLE_PDL", "0") in ("", "0")
     for case in a.cases:
@@ -90,6 +96,20 @@ def main():
         print(f"pdl={int(pdl)} {mode} {size}: op {med:.1f} us ({lo:.1f}-{hi:.1f}; again {med2:.1f}) | kernels "
               + " ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items()))
               + f" | sum {ksum:.1f} | total - sum {med - ksum:+.1f}", flush=True)
+        if a.gemm_reference:
+            saved = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            try:
+                with torch.no_grad():
+                    linear = graph_of(lambda: torch.nn.functional.linear(x, mod.gemm.weight, mod.gemm.bias))
+                    lin_med, lin_lo, lin_hi = per_call_us(linear)
+                    lin_kernels = kernel_us(linear)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = saved
+            ours = kernels.get("gemm", float("nan"))
+            print(f"    F.linear {lin_med:.1f} us ({lin_lo:.1f}-{lin_hi:.1f}), kernels {sum(lin_kernels.values()):.1f} us; "
+                  f"the op's GEMM kernel {ours:.1f} us = {ours / sum(lin_kernels.values()):.3f}x; "
+                  f"op / F.linear {med / lin_med:.3f}", flush=True)
         if a.copy_reference:
             y = torch.randn(m, n, device="cuda", dtype=torch.float32)
             out = torch.empty(m, n, device="cuda", dtype=dtype)
