@@ -106,15 +106,16 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
                             void* workspace, std::size_t workspace_size, cudaStream_t stream);
 
 // The backward's GEMMs at precision k3xTF32: c (m, n) = a (m, k) b (k, n), all three row-major
-// fp32, each operand read where it is (no transposed copies): dx = dy W is a = dy, b = W;
-// dW = dy^T x is a = dy^T (the dy pass writes it), b = x. fp32-grade accuracy on TF32 tensor cores
-// (the forward's 3xTF32 mainloop, without statistics or bias). Needs the sm90 build and a Hopper
-// GPU, n, k, lda, ldb and ldc multiples of 4, 16-byte aligned pointers; else kNotSupported with
-// the reason, nothing launched. m, n, k > 0. (A k that is not a multiple of 4 can be padded: zero
-// columns in a and zero rows in b add nothing.)
-std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k);
+// fp32, each operand read where it is (no transposed copies). a is given as stored (row stride lda)
+// or, with a_transposed, as a^T (k, m) row-major with row stride lda: dx = dy W is a = dy, b = W;
+// dW = dy^T x is a = dy given transposed, b = x. fp32-grade accuracy on TF32 tensor cores (the
+// forward's 3xTF32 mainloop, without statistics or bias). Needs the sm90 build and a Hopper GPU; n,
+// lda, ldb and ldc multiples of 4, and k (a as stored) or m (a transposed) too; 16-byte aligned
+// pointers; else kNotSupported with the reason, nothing launched. m, n, k > 0.
+std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed = false);
 Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                   int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream);
+                   int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream,
+                   bool a_transposed = false);
 }  // namespace cuda
 
 }  // namespace fused

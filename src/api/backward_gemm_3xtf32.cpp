@@ -20,10 +20,13 @@ Status require_hopper() {
 }
 
 // What the kernel's TMA copies take: rows of a multiple of 16 bytes, 16-byte aligned.
-Status require_tma_layout(int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                          const float* c, int64_t ldc) {
-  if (n % 4 != 0 || k % 4 != 0 || lda % 4 != 0 || ldb % 4 != 0 || ldc % 4 != 0)
-    return {StatusCode::kNotSupported, "3xTF32 GEMM: n, k, lda, ldb and ldc must be multiples of 4"};
+Status require_tma_layout(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool a_transposed,
+                          const float* b, int64_t ldb, const float* c, int64_t ldc) {
+  if ((a_transposed ? m : k) % 4 != 0)
+    return {StatusCode::kNotSupported, a_transposed ? "3xTF32 GEMM: m must be a multiple of 4 (a given transposed)"
+                                                    : "3xTF32 GEMM: k must be a multiple of 4 (a given as stored)"};
+  if (n % 4 != 0 || lda % 4 != 0 || ldb % 4 != 0 || ldc % 4 != 0)
+    return {StatusCode::kNotSupported, "3xTF32 GEMM: n, lda, ldb and ldc must be multiples of 4"};
   if (!util::aligned16(a) || !util::aligned16(b) || !util::aligned16(c))
     return {StatusCode::kNotSupported, "3xTF32 GEMM: a, b and c must be 16-byte aligned"};
   return Status::Ok();
@@ -32,29 +35,32 @@ Status require_tma_layout(int64_t n, int64_t k, const float* a, int64_t lda, con
 
 }  // namespace
 
-std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k) {
+std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed) {
 #if defined(FUSED_WITH_SM90)
-  return sm90::gemm_3xtf32_row_major_workspace_bytes(m, n, k);
+  return sm90::gemm_3xtf32_row_major_workspace_bytes(m, n, k, a_transposed);
 #else
-  (void)m, (void)n, (void)k;
+  (void)m, (void)n, (void)k, (void)a_transposed;
   return 0;
 #endif
 }
 
 Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                   int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream) {
+                   int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream, bool a_transposed) {
 #if defined(FUSED_WITH_SM90)
   FUSED_RETURN_IF_ERROR(require_hopper());
   if (m <= 0 || n <= 0 || k <= 0) return {StatusCode::kInvalidArgument, "3xTF32 GEMM: m, n and k must be positive"};
-  if (lda < k || ldb < n || ldc < n)
-    return {StatusCode::kInvalidArgument, "3xTF32 GEMM: a row stride is shorter than its row (lda < k, ldb < n or ldc < n)"};
-  FUSED_RETURN_IF_ERROR(require_tma_layout(n, k, a, lda, b, ldb, c, ldc));
-  if (workspace_size < gemm_3xtf32_workspace_bytes(m, n, k))
+  if (lda < (a_transposed ? m : k) || ldb < n || ldc < n)
+    return {StatusCode::kInvalidArgument, a_transposed ? "3xTF32 GEMM: a row stride is shorter than its row (lda < m "
+                                                         "with a given transposed, ldb < n or ldc < n)"
+                                                       : "3xTF32 GEMM: a row stride is shorter than its row (lda < k, "
+                                                         "ldb < n or ldc < n)"};
+  FUSED_RETURN_IF_ERROR(require_tma_layout(m, n, k, a, lda, a_transposed, b, ldb, c, ldc));
+  if (workspace_size < gemm_3xtf32_workspace_bytes(m, n, k, a_transposed))
     return {StatusCode::kInvalidArgument, "3xTF32 GEMM: workspace smaller than gemm_3xtf32_workspace_bytes()"};
-  return sm90::gemm_3xtf32_row_major(m, n, k, a, lda, b, ldb, c, ldc, workspace, stream);
+  return sm90::gemm_3xtf32_row_major(m, n, k, a, lda, a_transposed, b, ldb, c, ldc, workspace, stream);
 #else
   (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)ldc, (void)workspace,
-      (void)workspace_size, (void)stream;
+      (void)workspace_size, (void)stream, (void)a_transposed;
   return {StatusCode::kNotSupported, "3xTF32 GEMM: this build holds no sm90 kernels"};
 #endif
 }

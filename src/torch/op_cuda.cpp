@@ -110,14 +110,13 @@ cuda::GemmPath choose(const OpArgs& a, const ForwardBuffers& b) {
 }
 
 // dx = dy W and dW = dy^T x through the 3xTF32 GEMM, c = a b with row-major operands read where
-// they are: dy and W for dx; dy^T (written by the dy pass, its rows zero-padded to a multiple of 4
-// columns) and x for dW. A gradient that is not a dense fp32 matrix is computed into one and copied.
-void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::Tensor& dy_t, Grads& grads,
-                         cudaStream_t stream) {
+// they are: dy and W for dx; dy (given as the transposed a) and x for dW. A gradient that is not a
+// dense fp32 matrix is computed into one and copied.
+void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, Grads& grads, cudaStream_t stream) {
   const auto& m = a.output_mask;
-  const int64_t M = a.M(), N = a.N(), K = m[kGradX] ? a.weight->size(1) : a.x->size(1);
-  // out (rows, cols) = lhs (rows, inner) rhs (inner, cols)
-  auto gemm = [&](at::Tensor& out, int64_t inner, const at::Tensor& lhs, const at::Tensor& rhs) {
+  const int64_t N = a.N();
+  // out (rows, cols) = lhs (rows, inner) rhs (inner, cols); lhs_transposed: lhs given as lhs^T (inner, rows)
+  auto gemm = [&](at::Tensor& out, int64_t inner, const at::Tensor& lhs, bool lhs_transposed, const at::Tensor& rhs) {
     const int64_t rows = out.size(0), cols = out.size(1);
     if (rows == 0 || cols == 0) return;
     if (inner == 0) {
@@ -126,11 +125,11 @@ void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::
     }
     const bool direct = out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.stride(0) % 4 == 0;
     at::Tensor c = direct ? out : at::empty({rows, cols}, lhs.options().dtype(at::kFloat));
-    const std::size_t ws_bytes = cuda::gemm_3xtf32_workspace_bytes(rows, cols, inner);
+    const std::size_t ws_bytes = cuda::gemm_3xtf32_workspace_bytes(rows, cols, inner, lhs_transposed);
     at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, lhs.options().dtype(at::kByte));
     throw_on_error(cuda::gemm_3xtf32(rows, cols, inner, lhs.data_ptr<float>(), lhs.stride(0), rhs.data_ptr<float>(),
                                      rhs.stride(0), c.data_ptr<float>(), c.stride(0), workspace.data_ptr(), ws_bytes,
-                                     stream),
+                                     stream, lhs_transposed),
                    "gemm_bn_softmax_backward (CUDA, 3xTF32 GEMM)");
     if (!direct) out.copy_(c);
   };
@@ -141,13 +140,8 @@ void linear_grads_3xtf32(const BackwardArgs& a, const at::Tensor& dy, const at::
     const bool in_place = is_row_major(f) && f.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(f.data_ptr()) % 16 == 0;
     return in_place ? f : f.clone(at::MemoryFormat::Contiguous);
   };
-  if (m[kGradX]) gemm(std::get<kGradX>(grads), N, dy, readable(*a.weight));  // dx (M, K)
-  if (m[kGradWeight]) {  // dW (N, K) over dy^T's padded columns: x gets as many rows, the extra ones zero
-    const int64_t ld = dy_t.defined() ? dy_t.size(1) : M;
-    at::Tensor x = readable(*a.x);
-    if (ld != M) x = at::cat({x, at::zeros({ld - M, K}, x.options())});
-    gemm(std::get<kGradWeight>(grads), ld, dy_t, x);
-  }
+  if (m[kGradX]) gemm(std::get<kGradX>(grads), N, dy, /*lhs_transposed=*/false, readable(*a.weight));  // dx (M, K)
+  if (m[kGradWeight]) gemm(std::get<kGradWeight>(grads), a.M(), dy, /*lhs_transposed=*/true, readable(*a.x));  // dW (N, K)
 }
 
 }  // namespace
@@ -244,12 +238,10 @@ Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
   const at::ScalarType gemm = a.gemm_dtype();
   const MatmulPrecision precision = resolve_precision(gemm, a.precision);
   const bool three_x_tf32 = precision == MatmulPrecision::k3xTF32;
-  // TF32 tensor cores take K-major operands only: dW = dy^T x reduces over M, so it reads dy^T
-  // (written by the dy pass) instead of a transposed view of dy (1.8x slower in cuBLAS). dx = dy W
-  // reads dy itself. The 3xTF32 kernel also needs its K (here M) a multiple of 4: dy^T's rows are
-  // padded with zero columns (x^T's below too).
-  const bool transposed_dy = m[kGradWeight] && gemm == at::kFloat && precision != MatmulPrecision::kHighest;
-  const int64_t ld_dy_t = three_x_tf32 ? (a.M() + 3) / 4 * 4 : a.M();
+  // TF32 tensor cores take K-major operands only: at TF32, dW = dy^T x reduces over M, so it reads
+  // dy^T (written by the dy pass) instead of a transposed view of dy (1.8x slower in cuBLAS). dx = dy W
+  // reads dy itself. The 3xTF32 kernel reads dy for both: it transposes dW's tiles in shared memory.
+  const bool transposed_dy = m[kGradWeight] && gemm == at::kFloat && precision == MatmulPrecision::kTF32;
   const auto dy_options = a.grad_out.options().dtype(gemm);
   at::Tensor dy, dy_t;
   if (m[kGradX] || (m[kGradWeight] && !transposed_dy)) {
@@ -258,10 +250,9 @@ Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
     t.buffers.lddy = a.N();
   }
   if (transposed_dy) {
-    dy_t = at::empty({a.N(), ld_dy_t}, dy_options);
-    if (ld_dy_t != a.M()) dy_t.narrow(1, a.M(), ld_dy_t - a.M()).zero_();
+    dy_t = at::empty({a.N(), a.M()}, dy_options);
     t.buffers.dy_t = dy_t.data_ptr();
-    t.buffers.lddy_t = ld_dy_t;
+    t.buffers.lddy_t = a.M();
   }
   t.buffers.dy_dtype = element_type(gemm);
   const BackwardProblem& p = t.problem;
@@ -273,7 +264,7 @@ Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
 
   const int64_t M = a.M(), N = a.N();
   if (three_x_tf32) {
-    linear_grads_3xtf32(a, dy, dy_t, grads, stream);
+    linear_grads_3xtf32(a, dy, grads, stream);
     return grads;
   }
   if (m[kGradX]) {  // dx (M, K) = dy (M, N) W (N, K)

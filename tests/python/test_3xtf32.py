@@ -89,7 +89,7 @@ def test_forward_gemm_as_accurate_as_exact_fp32(m, n, k):
 
 
 @requires_hopper
-@pytest.mark.parametrize("m", [1024, 1022])  # 1022: dW's reduction length is padded to a multiple of 4
+@pytest.mark.parametrize("m", [1024, 1022, 1001])  # dW reduces over m: 1022 and 1001 are not multiples of 4 or 32
 def test_gradients_as_accurate_as_exact_fp32(m):
     n, k = 1024, 512
     x, w, b, gamma, beta = _problem(m, n, k, "cuda", seed=m)
@@ -134,8 +134,8 @@ def test_module_training_step_in_3xtf32():
 
 @requires_hopper
 def test_backward_makes_no_transposed_copies():
-    # The backward's 3xTF32 GEMMs read W and x as stored. A transposed copy of W (64 MiB here) would
-    # show in the peak: allowed are the gradients themselves, dy and dy^T (4 MiB each) and workspaces.
+    # The backward's 3xTF32 GEMMs read dy, W and x as stored. A transposed copy of W (64 MiB here) or of
+    # dy (4 MiB) would show in the peak: allowed are the gradients themselves, dy and workspaces.
     m, n, k = 256, 4096, 4096
     torch.manual_seed(5)
     mod = gbs.FusedGemmBNSoftmax(k, n, precision="3xtf32").cuda().train()
@@ -151,4 +151,4 @@ def test_backward_makes_no_transposed_copies():
     gradients = sum(p.numel() * 4 for p in mod.parameters()) + x.numel() * 4
     mib = 1 << 20
     print(f"\nbackward peak above its inputs: {extra / mib:.1f} MiB, of which gradients {gradients / mib:.1f} MiB")
-    assert extra <= gradients + 3 * m * n * 4 + 2 * mib
+    assert extra <= gradients + m * n * 4 + 2 * mib

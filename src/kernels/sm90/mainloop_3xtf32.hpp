@@ -10,6 +10,11 @@
 //     the low bits away), is big as it is: the tensor cores read it truncated. The small parts
 //     (small_of_truncated_fast, within 2^-21 |b|) go to a two-slot ring, each of the 256 consumer
 //     threads writing 1/256 of the tile.
+//     An MN-major B (the backward's dW = dy^T x, which reads dy as stored) cannot be read by TF32
+//     wgmma at all. Its stage is transposed by the consumers instead: each thread reads a 4 x 4 block
+//     (four 16-byte loads along n), and writes it K-major into two rings, big and small parts both
+//     rounded to nearest as A's are. One more 16 KiB store a k-tile and 32 KiB more of rings (one
+//     pipeline stage fewer), against a transposed copy of the operand in global memory.
 // Per k-tile t the two consumer warpgroups
 //   1. wait for the TMA tiles, read their raw A words into registers and write their share of B's small
 //      parts to slot t % 2 while k-tile t - 1's products still run; fence the writes for the tensor
@@ -50,25 +55,26 @@ namespace fused::sm90::detail {
 
 using namespace cute;
 
-// The ring of B's small parts: two stages of B (Mainloop3xTf32 asserts its storage is this size).
-template <class TileShape>
-constexpr int small_ring_bytes_3xtf32() {
-  return 2 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
+// The rings of B's parts: two stages of B each, one ring (small parts) for a K-major B, two (big and
+// small parts) for an MN-major B (Mainloop3xTf32 asserts its storage is this size).
+template <class TileShape, int kRings>
+constexpr int ring_bytes_3xtf32() {
+  return kRings * 2 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
 }
 
 // What one sm90 CTA may use (227 KiB).
 constexpr int kSm90SharedMemoryBytes = 232448;
 
 // Pipeline stages of a 3xTF32 kernel with this CTA tile: what shared memory holds after the
-// epilogue's storage, the ring of B's small parts and 256 bytes of barriers and scheduler state (each
+// epilogue's storage, the rings of B's parts and 256 bytes of barriers and scheduler state (each
 // kernel asserts its SharedStorageSize). A stage holds one k-tile of A and of B, and two 8-byte
 // barriers.
 
-template <class TileShape, int kEpilogueBytes>
+template <class TileShape, int kEpilogueBytes, int kRings>
 constexpr int stages_3xtf32() {
   constexpr int stage_bytes = int(size<0>(TileShape{}) + size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
   constexpr int stages =
-      (kSm90SharedMemoryBytes - kEpilogueBytes - small_ring_bytes_3xtf32<TileShape>() - 256) / (stage_bytes + 16);
+      (kSm90SharedMemoryBytes - kEpilogueBytes - ring_bytes_3xtf32<TileShape, kRings>() - 256) / (stage_bytes + 16);
   static_assert(stages >= 3, "too little shared memory for a pipeline");
   return stages;
 }
@@ -107,12 +113,18 @@ struct Mainloop3xTf32 : Base {
   using SmemCopyAtomA = std::conditional_t<cutlass::gemm::detail::is_k_major_A<typename Base::StrideA>(),
                                            Copy_Atom<SM75_U32x4_LDSM_N, float>, Copy_Atom<AutoVectorizingCopy, float>>;
 
-  // B's small parts: a ring of kSmallSlots stages, laid out as a pipeline stage of B, so element i of
-  // the stage and of a slot are the same (n, k).
+  // An MN-major B is transposed into K-major rings by the consumers (the header's comment).
+  static constexpr bool kTransposeB = !cutlass::gemm::detail::is_k_major_B<typename Base::StrideB>();
+  static constexpr int kRings = kTransposeB ? 2 : 1;
+
+  // B's parts: rings of kSmallSlots stages each, K-major. For a K-major B they are laid out as a
+  // pipeline stage of B, so element i of the stage and of a slot are the same (n, k); the small parts'
+  // ring comes first, then (MN-major B) the big parts'.
   static constexpr int kSmallSlots = 2;
+  using RingAtomB = std::conditional_t<kTransposeB, GMMA::Layout_K_SW128_Atom<tfloat32_t>, SmemLayoutAtomB>;
   using SmemLayoutStageB = decltype(tile_to_shape(SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}))));
   using SmemLayoutSmallB = decltype(tile_to_shape(
-      SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}), Int<kSmallSlots>{})));
+      RingAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}), Int<kSmallSlots>{})));
   static constexpr int kStageElementsB = int(size(SmemLayoutStageB{}));
   static_assert(int(cosize_v<SmemLayoutStageB>) == kStageElementsB, "a stage must be dense for the element-wise split");
   static_assert(int(cosize_v<SmemLayoutB>) == kStageElementsB * DispatchPolicy::Stages &&
@@ -123,12 +135,14 @@ struct Mainloop3xTf32 : Base {
   // overlap), so batching is what lets the loads' latencies overlap.
   static constexpr int kSplitBatch = kStageElementsB / 4 / kMmaThreads;
   static_assert(kSplitBatch * 4 * kMmaThreads == kStageElementsB, "every MMA thread splits whole float4 groups");
-  static constexpr int kSmallBytes = kStageElementsB * kSmallSlots * int(sizeof(float));
-  static_assert(kSmallBytes == small_ring_bytes_3xtf32<TileShape>(), "stages_3xtf32 must leave room for the ring");
+  static constexpr int kRingBytes = kStageElementsB * kSmallSlots * kRings * int(sizeof(float));
+  static_assert(kRingBytes == ring_bytes_3xtf32<TileShape, kRings>(), "stages_3xtf32 must leave room for the rings");
 
   struct SharedStorage {
     struct TensorStorage : Base::TensorStorage {
-      alignas(1024) cute::array_aligned<typename TiledMma::ValTypeB, kStageElementsB * kSmallSlots, 1024> smem_B_small;
+      // [small parts' ring | big parts' ring (MN-major B only)]
+      alignas(1024) cute::array_aligned<typename TiledMma::ValTypeB, kStageElementsB * kSmallSlots * kRings, 1024>
+          smem_B_small;
     } tensors;
     using PipelineStorage = typename Base::PipelineStorage;
     PipelineStorage pipeline;
@@ -169,6 +183,82 @@ struct Mainloop3xTf32 : Base {
     }
   }
 
+  // MN-major B: thread t's 4 x 4 block of the (n, k) stage, n in [4 nb, 4 nb + 4), k in [4 kb, 4 kb + 4).
+  // Within a warp nb takes 8 values and kb 4: its four 16-byte loads (4 n at one k) read four
+  // 128-byte rows, and its stores (4 k at one n) fall on 8 rows whose 128-byte swizzle spreads them
+  // over all banks, so neither has more bank conflicts than its 512 bytes need. Offsets in floats,
+  // from the stage's and the slot's first element.
+  struct TransposeOffsets {
+    int load[4];   // (4 nb, 4 kb + i) in the MN-major stage
+    int store[4];  // (4 nb + i, 4 kb) in a K-major ring slot
+  };
+  CUTLASS_DEVICE static TransposeOffsets transpose_offsets(int thread_idx) {
+    static_assert(kMmaThreads == 256 && size<1>(TileShape{}) == 128 && size<2>(TileShape{}) == 32,
+                  "the 4 x 4 blocks cover a 128 x 32 tile with 256 threads");
+    // The base tiles an MN-major B's stages in its own order: offsets from its layout, at stage 0.
+    auto stage = as_position_independent_swizzle_layout(SmemLayoutB{});
+    auto slot = as_position_independent_swizzle_layout(SmemLayoutSmallB{});
+    const int warp = thread_idx / 32, lane = thread_idx % 32;
+    const int n0 = 4 * (lane % 8 + 8 * (warp % 4)), k0 = 4 * (lane / 8 + 4 * (warp / 4));
+    TransposeOffsets o;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      o.load[i] = int(stage(n0, k0 + i, 0));
+      o.store[i] = int(slot(n0 + i, k0, 0));
+    }
+    return o;
+  }
+
+  // Thread t's block of an MN-major stage, transposed into its big and small parts (both rounded to
+  // nearest, as A's). Returns a value that is NaN when the block holds inf or NaN or a word whose
+  // rounding reaches inf (b - big is then inf or NaN), else 0.
+  CUTLASS_DEVICE static float write_parts_transposed_fast(float const* raw_stage, float* big, float* small,
+                                                          TransposeOffsets const& o) {
+    float4 v[4];
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; ++i) v[i] = *reinterpret_cast<float4 const*>(raw_stage + o.load[i]);  // v[k](n)
+    float probe = 0.0f;
+    auto split = [&probe](float b, float& small_part) {
+      const uint32_t big_bits = tf32::round_nearest_away_bits(__float_as_uint(b));
+      const float rest = b - __uint_as_float(big_bits);
+      probe = __fmaf_rn(rest, 0.0f, probe);
+      small_part = __uint_as_float(tf32::round_nearest_away_bits(__float_as_uint(rest)));
+      return __uint_as_float(big_bits);
+    };
+    auto column = [&](int n) {  // the 4 k of row n of the block
+      return n == 0 ? make_float4(v[0].x, v[1].x, v[2].x, v[3].x)
+           : n == 1 ? make_float4(v[0].y, v[1].y, v[2].y, v[3].y)
+           : n == 2 ? make_float4(v[0].z, v[1].z, v[2].z, v[3].z)
+                    : make_float4(v[0].w, v[1].w, v[2].w, v[3].w);
+    };
+    CUTLASS_PRAGMA_UNROLL
+    for (int n = 0; n < 4; ++n) {
+      const float4 b = column(n);
+      float4 s4;
+      const float4 b4 = make_float4(split(b.x, s4.x), split(b.y, s4.y), split(b.z, s4.z), split(b.w, s4.w));
+      *reinterpret_cast<float4*>(big + o.store[n]) = b4;
+      *reinterpret_cast<float4*>(small + o.store[n]) = s4;
+    }
+    return probe;
+  }
+
+  // The same block with the exact split (big truncated, small_toward_zero: fp32's inf and NaN products).
+  CUTLASS_DEVICE static void write_parts_transposed_exact(float const* raw_stage, float* big, float* small,
+                                                          TransposeOffsets const& o) {
+    float4 v[4];
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; ++i) v[i] = *reinterpret_cast<float4 const*>(raw_stage + o.load[i]);
+    float const* w = reinterpret_cast<float const*>(v);  // w[4 k + n]
+    CUTLASS_PRAGMA_UNROLL
+    for (int n = 0; n < 4; ++n) {
+      *reinterpret_cast<float4*>(big + o.store[n]) =
+          make_float4(tf32::truncate(w[n]), tf32::truncate(w[4 + n]), tf32::truncate(w[8 + n]), tf32::truncate(w[12 + n]));
+      *reinterpret_cast<float4*>(small + o.store[n]) =
+          make_float4(tf32::small_toward_zero(w[n]), tf32::small_toward_zero(w[4 + n]),
+                      tf32::small_toward_zero(w[8 + n]), tf32::small_toward_zero(w[12 + n]));
+    }
+  }
+
   static constexpr uint32_t kBarrier = static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::TransformBarrier);
 
   CUTLASS_DEVICE static void sync_mma_threads() { cutlass::arch::NamedBarrier::sync(kMmaThreads, kBarrier); }
@@ -196,8 +286,15 @@ struct Mainloop3xTf32 : Base {
     // A as raw fp32 words (the copy into registers reads them as they are).
     Tensor sA = as_position_independent_swizzle_tensor(
         make_tensor(make_smem_ptr(reinterpret_cast<float*>(shared_tensors.smem_A.data())), SmemLayoutA{}));  // (BLK_M,BLK_K,PIPE)
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});                 // (BLK_N,BLK_K,PIPE)
-    Tensor sB_small = make_tensor(make_smem_ptr(shared_tensors.smem_B_small.data()), SmemLayoutSmallB{});  // (..,SLOT)
+    // What the wgmma read as B's big parts: the stage itself (K-major B), or the big parts' ring.
+    auto ring = shared_tensors.smem_B_small.data();
+    Tensor sB_big = [&]() {
+      if constexpr (kTransposeB)
+        return make_tensor(make_smem_ptr(ring + kStageElementsB * kSmallSlots), SmemLayoutSmallB{});  // (..,SLOT)
+      else
+        return make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
+    }();
+    Tensor sB_small = make_tensor(make_smem_ptr(ring), SmemLayoutSmallB{});  // (BLK_N,BLK_K,SLOT)
 
     TiledMmaRegisterA tiled_mma;
     auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
@@ -209,7 +306,7 @@ struct Mainloop3xTf32 : Base {
     auto smem_thread_copy_A = smem_copy_A.get_thread_slice(thread_idx);
     Tensor tCsA_copy = smem_thread_copy_A.partition_S(sA);                                      // (CPY,CPY_M,CPY_K,PIPE)
     Tensor tCrA_raw_copy = smem_thread_copy_A.retile_D(tCrA_raw);                               // (CPY,CPY_M,CPY_K)
-    Tensor tCrB = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB));              // (MMA,MMA_N,MMA_K,PIPE)
+    Tensor tCrB = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB_big));          // (MMA,MMA_N,MMA_K,PIPE|SLOT)
     Tensor tCrB_small = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB_small));  // (MMA,MMA_N,MMA_K,SLOT)
     constexpr int kBlocks = size<2>(tCrA_big);
     Tensor a_raw = recast<uint32_t>(tCrA_raw);
@@ -226,6 +323,7 @@ struct Mainloop3xTf32 : Base {
       warpgroup_fence_operand(partial);
     };
     PipelineState smem_pipe_release = smem_pipe_read;
+    const TransposeOffsets transpose = transpose_offsets(thread_idx);  // used for an MN-major B only
 
     CUTLASS_PRAGMA_NO_UNROLL
     for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
@@ -235,12 +333,17 @@ struct Mainloop3xTf32 : Base {
       const int slot = k_tile % kSmallSlots;
 
       // While k-tile t - 1's products run: A's raw words into registers (not the ones they read) and
-      // this thread's share of B's small parts into slot t % 2, last read by k-tile t - 2's products,
-      // which both warpgroups saw complete before the previous iteration's barrier.
+      // this thread's share of B's parts into slot t % 2 of the rings, last read by k-tile t - 2's
+      // products, which both warpgroups saw complete before the previous iteration's barrier.
       copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
       float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
-      float* small_b = reinterpret_cast<float*>(shared_tensors.smem_B_small.data()) + slot * kStageElementsB;
-      float probe = write_small_parts_fast(raw_b, small_b, thread_idx);
+      float* small_b = reinterpret_cast<float*>(ring) + slot * kStageElementsB;
+      float* big_b = reinterpret_cast<float*>(ring) + (kSmallSlots + slot) * kStageElementsB;  // MN-major B only
+      float probe;
+      if constexpr (kTransposeB)
+        probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
+      else
+        probe = write_small_parts_fast(raw_b, small_b, thread_idx);
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
 
       warpgroup_wait<0>();
@@ -268,7 +371,10 @@ struct Mainloop3xTf32 : Base {
           a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
           a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
         }
-        write_small_parts_exact(raw_b, small_b, thread_idx);
+        if constexpr (kTransposeB)
+          write_parts_transposed_exact(raw_b, big_b, small_b, transpose);
+        else
+          write_small_parts_exact(raw_b, small_b, thread_idx);
         cutlass::arch::fence_view_async_shared();
         sync_mma_threads();
       }
@@ -278,15 +384,16 @@ struct Mainloop3xTf32 : Base {
       warpgroup_fence_operand(partial);
       warpgroup_arrive();
       tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      const int big_index = kTransposeB ? slot : read_stage;
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
+        cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
         cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB_small(_, _, k_block, slot), partial);
       }
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block)
-        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
+        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
       warpgroup_commit_batch();
       warpgroup_fence_operand(partial);
       warpgroup_fence_operand(tCrA_big);
@@ -299,18 +406,20 @@ struct Mainloop3xTf32 : Base {
   }
 };
 
-// The 3xTF32 mainloop over a CUTLASS sm90 TF32 mainloop `RefMainloop` (its tile, cluster, TiledMma,
-// TMA copies and B's layout), with raw 32-bit operand words, A's stride and shared-memory atom as
-// given (the forward: the reference's own, K-major; the backward's row-major kernel: MN-major) and
-// as many pipeline stages as fit beside an epilogue of kEpilogueBytes.
+// The 3xTF32 mainloop over a CUTLASS sm90 TF32 mainloop `RefMainloop` (its tile, cluster, TiledMma
+// and TMA copies), with raw 32-bit operand words, each operand's stride and shared-memory atom as
+// given (the forward: the reference's own, K-major; the backward's row-major kernel: A MN-major, B
+// K-major or MN-major) and as many pipeline stages as fit beside an epilogue of kEpilogueBytes.
 template <class RefMainloop, int kEpilogueBytes, class StrideA = typename RefMainloop::StrideA,
-          class SmemLayoutAtomA = typename RefMainloop::SmemLayoutAtomA>
+          class SmemLayoutAtomA = typename RefMainloop::SmemLayoutAtomA, class StrideB = typename RefMainloop::StrideB,
+          class SmemLayoutAtomB = typename RefMainloop::SmemLayoutAtomB>
 using Mainloop3xTf32Over = Mainloop3xTf32<cutlass::gemm::collective::CollectiveMma<
     cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<
-        stages_3xtf32<typename RefMainloop::TileShape, kEpilogueBytes>(),
+        stages_3xtf32<typename RefMainloop::TileShape, kEpilogueBytes,
+                      cutlass::gemm::detail::is_k_major_B<StrideB>() ? 1 : 2>(),
         typename RefMainloop::DispatchPolicy::ClusterShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
-    typename RefMainloop::TileShape, uint32_t, StrideA, uint32_t, typename RefMainloop::StrideB,
-    typename RefMainloop::TiledMma, typename RefMainloop::GmemTiledCopyA, SmemLayoutAtomA, void, cute::identity,
-    typename RefMainloop::GmemTiledCopyB, typename RefMainloop::SmemLayoutAtomB, void, cute::identity>>;
+    typename RefMainloop::TileShape, uint32_t, StrideA, uint32_t, StrideB, typename RefMainloop::TiledMma,
+    typename RefMainloop::GmemTiledCopyA, SmemLayoutAtomA, void, cute::identity, typename RefMainloop::GmemTiledCopyB,
+    SmemLayoutAtomB, void, cute::identity>>;
 
 }  // namespace fused::sm90::detail
