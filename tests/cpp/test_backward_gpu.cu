@@ -286,8 +286,8 @@ TEST(BackwardGpuDataParallel, RankSplitMatchesTheWholeBatch) {
 // The backward's 3xTF32 GEMM (fused::cuda::gemm_3xtf32): c = a b, row-major, on row strides wider
 // than the rows, against float64 and a sequential fp32 dot product (the same operands, N(0,1)): no
 // less accurate than exact fp32 at K = 1028, the elements outside c's rows left as they were; its
-// refusals (unaligned K, a row stride shorter than its row, too small a workspace, a GPU that is not
-// Hopper) launch nothing.
+// refusals (unaligned K, or unaligned M with a given transposed; a row stride shorter than its row;
+// too small a workspace; a GPU that is not Hopper) launch nothing.
 TEST(BackwardGemm3xTf32, MatchesFloat64AndRefusesWhatItCannotRun) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int64_t m = 130, n = 68, k = 1028, lda = 1032, ldb = 76, ldc = 72;
@@ -313,6 +313,13 @@ TEST(BackwardGemm3xTf32, MatchesFloat64AndRefusesWhatItCannotRun) {
   EXPECT_EQ(run(k - 2, ws_bytes).code, StatusCode::kNotSupported);  // K not a multiple of 4
   EXPECT_EQ(run(lda + 4, ws_bytes).code, StatusCode::kInvalidArgument);  // a's rows longer than lda
   if (ws_bytes > 0) EXPECT_EQ(run(k, ws_bytes - 1).code, StatusCode::kInvalidArgument);
+  // a given transposed, as a^T (k, m) row-major: m (130 here) must be a multiple of 4, lda at least m.
+  const auto run_transposed = [&](int64_t mm, int64_t lda_t) {
+    return cuda::gemm_3xtf32(mm, n, 8, static_cast<const float*>(da.ptr), lda_t, static_cast<const float*>(db.ptr), ldb,
+                             static_cast<float*>(dc.ptr), ldc, ws.ptr, ws_bytes, nullptr, /*a_transposed=*/true);
+  };
+  EXPECT_EQ(run_transposed(m, 132).code, StatusCode::kNotSupported);
+  EXPECT_EQ(run_transposed(128, 124).code, StatusCode::kInvalidArgument);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (float v : dc.get<float>()) ASSERT_TRUE(std::isnan(v)) << "a refused call wrote c";
   const Status st = run(k, ws_bytes);

@@ -117,32 +117,32 @@ struct Mainloop3xTf32 : Base {
   static constexpr bool kTransposeB = !cutlass::gemm::detail::is_k_major_B<typename Base::StrideB>();
   static constexpr int kRings = kTransposeB ? 2 : 1;
 
-  // B's parts: rings of kSmallSlots stages each, K-major. For a K-major B they are laid out as a
+  // B's parts: rings of kRingSlots stages each, K-major. For a K-major B they are laid out as a
   // pipeline stage of B, so element i of the stage and of a slot are the same (n, k); the small parts'
   // ring comes first, then (MN-major B) the big parts'.
-  static constexpr int kSmallSlots = 2;
+  static constexpr int kRingSlots = 2;
   using RingAtomB = std::conditional_t<kTransposeB, GMMA::Layout_K_SW128_Atom<tfloat32_t>, SmemLayoutAtomB>;
   using SmemLayoutStageB = decltype(tile_to_shape(SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}))));
-  using SmemLayoutSmallB = decltype(tile_to_shape(
-      RingAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}), Int<kSmallSlots>{})));
+  using SmemLayoutRingB = decltype(tile_to_shape(
+      RingAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}), Int<kRingSlots>{})));
   static constexpr int kStageElementsB = int(size(SmemLayoutStageB{}));
   static_assert(int(cosize_v<SmemLayoutStageB>) == kStageElementsB, "a stage must be dense for the element-wise split");
   static_assert(int(cosize_v<SmemLayoutB>) == kStageElementsB * DispatchPolicy::Stages &&
-                    int(cosize_v<SmemLayoutSmallB>) == kStageElementsB * kSmallSlots,
+                    int(cosize_v<SmemLayoutRingB>) == kStageElementsB * kRingSlots,
                 "stages and ring slots must follow each other densely");
   // Each thread splits kSplitBatch float4 groups of a stage, loaded before any is stored: the compiler
   // cannot move a load above an earlier store (it cannot tell that the ring and the stage do not
   // overlap), so batching is what lets the loads' latencies overlap.
   static constexpr int kSplitBatch = kStageElementsB / 4 / kMmaThreads;
   static_assert(kSplitBatch * 4 * kMmaThreads == kStageElementsB, "every MMA thread splits whole float4 groups");
-  static constexpr int kRingBytes = kStageElementsB * kSmallSlots * kRings * int(sizeof(float));
+  static constexpr int kRingBytes = kStageElementsB * kRingSlots * kRings * int(sizeof(float));
   static_assert(kRingBytes == ring_bytes_3xtf32<TileShape, kRings>(), "stages_3xtf32 must leave room for the rings");
 
   struct SharedStorage {
     struct TensorStorage : Base::TensorStorage {
       // [small parts' ring | big parts' ring (MN-major B only)]
-      alignas(1024) cute::array_aligned<typename TiledMma::ValTypeB, kStageElementsB * kSmallSlots * kRings, 1024>
-          smem_B_small;
+      alignas(1024) cute::array_aligned<typename TiledMma::ValTypeB, kStageElementsB * kRingSlots * kRings, 1024>
+          smem_B_rings;
     } tensors;
     using PipelineStorage = typename Base::PipelineStorage;
     PipelineStorage pipeline;
@@ -200,7 +200,7 @@ struct Mainloop3xTf32 : Base {
                   "the 4 x 4 blocks cover a 128 x 32 tile with 256 threads");
     // The base tiles an MN-major B's stages in its own order: offsets from its layout, at stage 0.
     auto stage = as_position_independent_swizzle_layout(SmemLayoutB{});
-    auto slot = as_position_independent_swizzle_layout(SmemLayoutSmallB{});
+    auto slot = as_position_independent_swizzle_layout(SmemLayoutRingB{});
     const int eight = thread_idx / 8, a = thread_idx % 8;  // 32 groups of 8 lanes: (c, g) = (eight % 4, eight / 4)
     const int n0 = 4 * (8 * (eight % 4) + a), k0 = 4 * (a ^ (eight / 4));
     TransposeOffsets o;
@@ -290,14 +290,14 @@ struct Mainloop3xTf32 : Base {
     Tensor sA = as_position_independent_swizzle_tensor(
         make_tensor(make_smem_ptr(reinterpret_cast<float*>(shared_tensors.smem_A.data())), SmemLayoutA{}));  // (BLK_M,BLK_K,PIPE)
     // What the wgmma read as B's big parts: the stage itself (K-major B), or the big parts' ring.
-    auto ring = shared_tensors.smem_B_small.data();
+    auto ring = shared_tensors.smem_B_rings.data();
     Tensor sB_big = [&]() {
       if constexpr (kTransposeB)
-        return make_tensor(make_smem_ptr(ring + kStageElementsB * kSmallSlots), SmemLayoutSmallB{});  // (..,SLOT)
+        return make_tensor(make_smem_ptr(ring + kStageElementsB * kRingSlots), SmemLayoutRingB{});  // (..,SLOT)
       else
         return make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
     }();
-    Tensor sB_small = make_tensor(make_smem_ptr(ring), SmemLayoutSmallB{});  // (BLK_N,BLK_K,SLOT)
+    Tensor sB_small = make_tensor(make_smem_ptr(ring), SmemLayoutRingB{});  // (BLK_N,BLK_K,SLOT)
 
     TiledMmaRegisterA tiled_mma;
     auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
@@ -333,7 +333,7 @@ struct Mainloop3xTf32 : Base {
       auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
       pipeline.consumer_wait(smem_pipe_read, barrier_token);
       const int read_stage = smem_pipe_read.index();
-      const int slot = k_tile % kSmallSlots;
+      const int slot = k_tile % kRingSlots;
 
       // While k-tile t - 1's products run: A's raw words into registers (not the ones they read) and
       // this thread's share of B's parts into slot t % 2 of the rings, last read by k-tile t - 2's
@@ -341,7 +341,7 @@ struct Mainloop3xTf32 : Base {
       copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
       float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
       float* small_b = reinterpret_cast<float*>(ring) + slot * kStageElementsB;
-      float* big_b = reinterpret_cast<float*>(ring) + (kSmallSlots + slot) * kStageElementsB;  // MN-major B only
+      float* big_b = reinterpret_cast<float*>(ring) + (kRingSlots + slot) * kStageElementsB;  // MN-major B only
       float probe;
       if constexpr (kTransposeB)
         probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
