@@ -7,8 +7,8 @@
 //    stores the row it holds in registers, so every SM keeps y's loads in flight between rows;
 //  - in registers (everything else): one CTA per row, its loads issued at once.
 // Rows of 16385 to 131072 columns (sm90, aligned rows) are split over a thread-block cluster of 3 to
-// 16 CTAs, each holding its part as the staged kernel holds a row, the row's max and sum exchanged
-// through distributed shared memory: still one read of y. Wider rows, and wide rows the clusters
+// 16 CTAs of the staged kernel (its kClustered form), each holding its part as it holds a row, the
+// row's max and sum exchanged through distributed shared memory: still one read of y. Wider rows, and wide rows the clusters
 // cannot take, go to one CTA per row in registers up to 32768 columns, then to the streaming kernel:
 // an online max/sum pass, then a pass that re-reads y and writes out. Every kernel also writes the
 // row's log-normaliser for the backward, and is launched as a programmatic dependent of finalize
@@ -219,58 +219,6 @@ __global__ void __launch_bounds__(kThreads)
   finish_row<kThreads, kVecs, kVec>(z, mx, row, N, out, ldo, row_lse, smem);
 }
 
-// Persistent CTAs walking rows blockIdx.x, + gridDim.x, ...; each row of y arrives in shared memory
-// by one bulk copy, issued as soon as the previous row has moved into registers. sm90 only; rows
-// 16-byte aligned, N % 4 == 0 (whole float4, bulk-copy sizes), N <= kThreads * kVecs * 4.
-// kResident: each thread loads its columns' coefficients once and keeps them in registers across
-// rows instead of reloading them (12 B a column) for every row.
-template <int kThreads, int kVecs, bool kResident, class TOut>
-__global__ void __launch_bounds__(kThreads)
-    softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
-                        TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
-  __shared__ alignas(16) float4 row_buffer[kThreads * kVecs];
-  __shared__ alignas(8) uint64_t row_landed;
-  __shared__ RowReduceBuffers smem;
-  const uint32_t row_bytes = static_cast<uint32_t>(N) * 4u;
-  if (threadIdx.x == 0) util::mbarrier_init(&row_landed, 1);
-  __syncthreads();
-  int64_t row = blockIdx.x;
-  // The first row's copy starts before the wait (row_softmax's contract), the coefficients after it.
-  if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy, row_bytes, &row_landed);
-  util::wait_for_prerequisites();
-  util::allow_dependents_to_launch();
-  count_batch_once(batch_counter);
-  Coefs4 resident[kResident ? kVecs : 1];
-  if constexpr (kResident) {
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      if (col < N) resident[v] = load_coefs<true>(f, col, N);
-    }
-  }
-  for (uint32_t phase = 0; row < M; row += gridDim.x, phase ^= 1u) {
-    util::mbarrier_wait(&row_landed, phase);
-    float4 z[kVecs];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const int64_t col = (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      if (col >= N) {
-        z[v] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-      } else if constexpr (kResident) {
-        z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], resident[v]);
-      } else {
-        z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], load_coefs<true>(f, col, N));
-      }
-      mx = fmaxf(mx, max4(z[v]));
-    }
-    __syncthreads();  // every thread has its part of the row: the buffer takes the next one
-    const int64_t next = row + gridDim.x;
-    if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy, row_bytes, &row_landed);
-    finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, row_lse, smem);
-  }
-}
-
 // The CTAs of a thread-block cluster sharing each row. Each CTA sends its max (then its sum) into
 // its own slot of every CTA's shared memory by st.async, which completes 4 bytes of a transaction on
 // the receiving CTA's mbarrier; each CTA waits on its own mbarrier for all `ctas` values, then lane r
@@ -311,66 +259,96 @@ struct AcrossCluster {
   }
 };
 
-// Rows wider than one CTA holds (sm90, rows 16-byte aligned, N % 4 == 0): a cluster of
-// ceil(N / (kThreads * 4 * kVecs)) CTAs per row, CTA r of a cluster holding columns
-// [r * kThreads * 4 * kVecs, ...) of each row as the staged kernel holds a whole row: its columns'
-// coefficients resident in registers, its next row's part brought by a bulk copy while it finishes
-// the current one. Persistent clusters walk rows cluster, + clusters, ...; the row's max and sum
-// cross the cluster (AcrossCluster). y is read once and the coefficients once per CTA, where the
-// streaming kernel reads y twice and every column's coefficients twice per row (H200, 1024x131072,
-// bf16 out: 330 us against the streaming kernel's 464 and an fp32 copy of y's 256). With one
-// CTA a cluster it is the staged kernel (the same bits).
-template <int kThreads, int kVecs, class TOut>
-__global__ void __launch_bounds__(kThreads, 1)
-    softmax_rows_clustered(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
-                           TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
+// Persistent CTAs walking rows; each row of y arrives in shared memory by one bulk copy, issued as soon
+// as the previous row has moved into registers. sm90 only; rows 16-byte aligned, N % 4 == 0 (whole
+// float4, bulk-copy sizes).
+// kResident: each thread loads its columns' coefficients once and keeps them in registers across rows
+// instead of reloading them (12 B a column) for every row.
+// kClustered: rows wider than one CTA holds are split over a thread-block cluster of
+// ceil(N / (kThreads * 4 * kVecs)) CTAs, CTA r holding columns [r * kThreads * 4 * kVecs, ...) of each
+// row; persistent clusters walk rows cluster, + clusters, ...; the row's max and sum cross the cluster
+// (AcrossCluster). y is read once and the coefficients once per CTA, where the streaming kernel reads y
+// twice and every column's coefficients twice per row (H200, 1024x131072, bf16 out: 330 us against the
+// streaming kernel's 464 and an fp32 copy of y's 256). With one CTA a cluster it gives the unclustered
+// kernel's bits. Otherwise (one CTA a row) N <= kThreads * kVecs * 4, and CTAs walk rows blockIdx.x,
+// + gridDim.x, ...
+template <int kThreads, int kVecs, bool kResident, class TOut, bool kClustered = false>
+__global__ void __launch_bounds__(kThreads)
+    softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
+                        TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
+  static_assert(kResident || !kClustered, "a cluster's CTAs keep their columns' coefficients");
   constexpr int64_t kColumns = int64_t{kThreads} * 4 * kVecs;
-  extern __shared__ float4 row_buffer[];  // kThreads * kVecs
+  __shared__ alignas(16) float4 row_buffer[kThreads * kVecs];
   __shared__ alignas(8) uint64_t row_landed;
-  __shared__ alignas(8) uint64_t exchange_bars[4];
-  __shared__ float exchange_slots[4 * kMaxSoftmaxClusterCtas];
   __shared__ RowReduceBuffers smem;
-  const auto [ctas, rank] = util::cluster_place();
-  const int64_t col0 = int64_t{rank} * kColumns;
-  const uint32_t part_bytes = static_cast<uint32_t>(std::min(kColumns, N - col0)) * 4u;  // > 0: ctas fit N
-  const int64_t clusters = gridDim.x / ctas;
-  int64_t row = blockIdx.x / ctas;
+  float* exchange_slots = nullptr;
+  uint64_t* exchange_bars = nullptr;
+  unsigned ctas = 1, rank = 0;
+  if constexpr (kClustered) {
+    __shared__ alignas(8) uint64_t bars[4];
+    __shared__ float slots[4 * kMaxSoftmaxClusterCtas];
+    exchange_bars = bars;
+    exchange_slots = slots;
+    const auto place = util::cluster_place();
+    ctas = place.ctas;
+    rank = place.rank;
+  }
+  const int64_t col0 = int64_t{rank} * kColumns;  // this CTA's first column
+  // > 0: the cluster's CTAs fit N
+  const uint32_t part_bytes = static_cast<uint32_t>(kClustered ? std::min(kColumns, N - col0) : N) * 4u;
   if (threadIdx.x == 0) {
     util::mbarrier_init(&row_landed, 1);
+    if constexpr (kClustered) {
 #pragma unroll
-    for (int b = 0; b < 4; ++b) util::mbarrier_init(&exchange_bars[b], 1);
+      for (int b = 0; b < 4; ++b) util::mbarrier_init(&exchange_bars[b], 1);
+    }
   }
-  util::cluster_sync();  // every CTA's exchange barriers exist before anyone sends
+  if constexpr (kClustered)
+    util::cluster_sync();  // every CTA's exchange barriers exist before anyone sends
+  else
+    __syncthreads();
+  const int64_t row_step = kClustered ? gridDim.x / ctas : gridDim.x;  // rows walked by one CTA (cluster)
+  int64_t row = kClustered ? blockIdx.x / ctas : blockIdx.x;
+  // The first row's copy starts before the wait (row_softmax's contract), the coefficients after it.
   if (threadIdx.x == 0 && row < M) util::bulk_load(row_buffer, y + row * ldy + col0, part_bytes, &row_landed);
   util::wait_for_prerequisites();
   util::allow_dependents_to_launch();
   count_batch_once(batch_counter);
-  Coefs4 resident[kVecs];
+  Coefs4 resident[kResident ? kVecs : 1];
+  if constexpr (kResident) {
 #pragma unroll
-  for (int v = 0; v < kVecs; ++v) {
-    const int64_t col = col0 + (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-    if (col < N) resident[v] = load_coefs<true>(f, col, N);
+    for (int v = 0; v < kVecs; ++v) {
+      const int64_t col = col0 + (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
+      if (col < N) resident[v] = load_coefs<true>(f, col, N);
+    }
   }
-  uint32_t rows_done = 0;
-  for (uint32_t phase = 0; row < M; row += clusters, phase ^= 1u, ++rows_done) {
+  uint32_t rows_done = 0;  // by this CTA (the cluster exchange's slot parity)
+  for (uint32_t phase = 0; row < M; row += row_step, phase ^= 1u, ++rows_done) {
     util::mbarrier_wait(&row_landed, phase);
     float4 z[kVecs];
     float mx = -INFINITY;
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const int64_t col = col0 + (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-      z[v] = col < N ? logits4(row_buffer[v * kThreads + threadIdx.x], resident[v])
-                     : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      if (col >= N) {
+        z[v] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      } else if constexpr (kResident) {
+        z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], resident[v]);
+      } else {
+        z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], load_coefs<true>(f, col, N));
+      }
       mx = fmaxf(mx, max4(z[v]));
     }
     __syncthreads();  // every thread has its part of the row: the buffer takes the next one
-    const int64_t next = row + clusters;
+    const int64_t next = row + row_step;
     if (threadIdx.x == 0 && next < M) util::bulk_load(row_buffer, y + next * ldy + col0, part_bytes, &row_landed);
-    float* lse = rank == 0 ? row_lse : nullptr;
-    finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, lse, smem,
-                                      AcrossCluster{exchange_slots, exchange_bars, ctas, rank, rows_done}, col0);
+    if constexpr (kClustered)
+      finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, rank == 0 ? row_lse : nullptr, smem,
+                                        AcrossCluster{exchange_slots, exchange_bars, ctas, rank, rows_done}, col0);
+    else
+      finish_row<kThreads, kVecs, true>(z, mx, row, N, out, ldo, row_lse, smem);
   }
-  util::cluster_sync();  // no CTA exits while another may still read or write its shared memory
+  if constexpr (kClustered) util::cluster_sync();  // no CTA exits while another may still read or write its shared memory
 }
 
 // Any N: online (max, sum) over the row, then a second pass that writes.
@@ -454,10 +432,7 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
                                 "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
 
-template <int kThreads, int kVecs>
-constexpr int clustered_smem_bytes() { return kThreads * kVecs * 16; }  // the row buffer
-
-// Clusters of `ctas` CTAs of the clustered kernel resident at once on `device`
+// Clusters of `ctas` CTAs of the clustered staged kernel resident at once on `device`
 // (cudaOccupancyMaxActiveClusters), cached per device and cluster size; 0 when none fits (remembered:
 // the device's answer) or a call fails (asked again next time). Clusters above 8 CTAs (a non-portable
 // size) are allowed on the kernel here, before its first launch of that size.
@@ -467,17 +442,14 @@ int resident_clusters(int device, unsigned ctas) {
   if (device < 0 || device >= util::kMaxCachedDevices || ctas == 0 || ctas > kMaxSoftmaxClusterCtas) return 0;
   std::atomic<int>& cached = cache[device][ctas];  // 0: not asked yet, -1: none
   if (const int v = cached.load(std::memory_order_relaxed); v != 0) return v > 0 ? v : 0;
-  auto kernel = softmax_rows_clustered<kThreads, kVecs, TOut>;
-  constexpr int kSmem = clustered_smem_bytes<kThreads, kVecs>();
-  if ((ctas > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
+  auto kernel = softmax_rows_staged<kThreads, kVecs, true, TOut, /*kClustered=*/true>;
+  if (ctas > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(ctas);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmem;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = ctas;
@@ -494,7 +466,7 @@ int resident_clusters(int device, unsigned ctas) {
   return clusters > 0 ? clusters : 0;
 }
 
-// The clustered kernel's persistent launch: ceil(N / columns a CTA holds) CTAs a cluster, as many
+// The clustered staged kernel's persistent launch: ceil(N / columns a CTA holds) CTAs a cluster, as many
 // clusters as are resident at once (at most M). kNotSupported where no such cluster fits the device.
 template <int kThreads, int kVecs, class TOut>
 Status launch_clustered(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out,
@@ -508,10 +480,9 @@ Status launch_clustered(const float* y, int64_t ldy, int64_t M, int64_t N, const
   if (clusters <= 0)
     return {StatusCode::kNotSupported, "row_softmax: no thread-block cluster of the CTAs a row needs fits the device"};
   const dim3 grid(static_cast<unsigned>(ctas * std::min<int64_t>(M, clusters)));
-  return util::launch_dependent_in_clusters(softmax_rows_clustered<kThreads, kVecs, TOut>, grid, kThreads,
-                                            static_cast<unsigned>(ctas), clustered_smem_bytes<kThreads, kVecs>(),
-                                            stream, "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse,
-                                            counter);
+  return util::launch_dependent_in_clusters(softmax_rows_staged<kThreads, kVecs, true, TOut, /*kClustered=*/true>,
+                                            grid, kThreads, static_cast<unsigned>(ctas), 0, stream,
+                                            "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
 
 template <bool kVec, class TOut>
