@@ -40,11 +40,9 @@ int main(int argc, char** argv) {
   fused::bench::fill_random<<<unsigned((M * N + 255) / 256), 256>>>(reinterpret_cast<uint32_t*>(dy), size_t(M * N),
                                                                     37u, /*bf16=*/0, /*centred=*/1);
   transpose<<<unsigned((M * N + 255) / 256), 256>>>(dy, dy_t, M, N);
-  size_t ws_bytes = 0;
-  for (bool t : {false, true}) {
-    ws_bytes = std::max(ws_bytes, fused::sm90::gemm_3xtf32_row_major_workspace_bytes(M, K, N, false));
+  size_t ws_bytes = fused::sm90::gemm_3xtf32_row_major_workspace_bytes(M, K, N, false);  // dx
+  for (bool t : {false, true})  // dW, both ways
     ws_bytes = std::max(ws_bytes, fused::sm90::gemm_3xtf32_row_major_workspace_bytes(N, K, M, t));
-  }
   if (ws_bytes) cudaMalloc(&ws, ws_bytes);
   auto check = [](fused::Status s) {
     if (!s.ok()) { std::printf("error: %s\n", s.message); std::exit(1); }

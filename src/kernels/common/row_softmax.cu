@@ -8,9 +8,9 @@
 //  - in registers (everything else): one CTA per row, its loads issued at once.
 // Rows of 16385 to 131072 columns (sm90, aligned rows) are split over a thread-block cluster of 3 to
 // 16 CTAs of the staged kernel (its kClustered form), each holding its part as it holds a row, the
-// row's max and sum exchanged through distributed shared memory: still one read of y. Wider rows, and wide rows the clusters
-// cannot take, go to one CTA per row in registers up to 32768 columns, then to the streaming kernel:
-// an online max/sum pass, then a pass that re-reads y and writes out. Every kernel also writes the
+// row's max and sum exchanged through distributed shared memory: still one read of y. Wider rows, and
+// wide rows the clusters cannot take, go to one CTA per row in registers up to 32768 columns, then to
+// the streaming kernel: an online max/sum pass, then a pass that re-reads y and writes out. Every kernel also writes the
 // row's log-normaliser for the backward, and is launched as a programmatic dependent of finalize
 // (kernels/common/pdl.cuh).
 // y alone is read before the kernel's wait for finalize: finalize lets the softmax launch only after
@@ -468,13 +468,12 @@ int resident_clusters(int device, unsigned ctas) {
 
 // The clustered staged kernel's persistent launch: ceil(N / columns a CTA holds) CTAs a cluster, as many
 // clusters as are resident at once (at most M). kNotSupported where no such cluster fits the device.
+// launch_typed has checked that N fits the layout (at most kMaxSoftmaxClusterCtas CTAs).
 template <int kThreads, int kVecs, class TOut>
 Status launch_clustered(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, TOut* out,
                         int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
   constexpr int64_t kColumns = int64_t{kThreads} * 4 * kVecs;
   const int64_t ctas = (N + kColumns - 1) / kColumns;
-  if (ctas > kMaxSoftmaxClusterCtas)
-    return {StatusCode::kInvalidArgument, "row_softmax: the layout holds fewer columns than N"};
   const int clusters =
       resident_clusters<kThreads, kVecs, TOut>(util::detail::current_device(), static_cast<unsigned>(ctas));
   if (clusters <= 0)
