@@ -1,4 +1,4 @@
-"""Where the forward's GPU time goes: the op (sm90 path, training mode) replayed from a CUDA graph of
+"""Where the forward's GPU time goes: the op (sm90 path unless --paths says otherwise, training mode) replayed from a CUDA graph of
 20 calls, its time per call (median of 30 replays, with the range), and each kernel's time per call
 from torch.profiler over the same replays. With programmatic dependent launch (the default) a
 kernel's profiled time includes the time it waits for its predecessor, so compare totals; set
@@ -72,6 +72,8 @@ def main():
                    help="also time a copy of y into the output's dtype (the softmax's bytes)")
     p.add_argument("--gemm-reference", action="store_true",
                    help="also time F.linear on the same data (the bare GEMM the op is compared with)")
+    p.add_argument("--paths", nargs="+", default=["sm90"], choices=["sm90", "generic", "auto"],
+                   help="the op's path(s), each timed on the same data (auto: the library's own choice)")
     a = p.parse_args()
     pdl = os.environ.get("FUSED_DISABLE_PDL", "0") in ("", "0")
     for case in a.cases:
@@ -84,18 +86,20 @@ def main():
         mod = gbs.FusedGemmBNSoftmax(k, n, precision="tf32" if mode == "tf32" else None).cuda().to(dtype)
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         bn = mod.bn
-        call = lambda: gbs.gemm_bn_softmax(x, mod.gemm.weight, mod.gemm.bias, bn.weight, bn.bias, bn.running_mean,  # noqa: E731
-                                           bn.running_var, mod.scale, training=True, precision=mod.precision,
-                                           path="sm90")
-        with torch.no_grad():
-            graph = graph_of(call)
-            med, lo, hi = per_call_us(graph)
-            kernels = kernel_us(graph)
-            med2, _, _ = per_call_us(graph)
-        ksum = sum(kernels.values())
-        print(f"pdl={int(pdl)} {mode} {size}: op {med:.1f} us ({lo:.1f}-{hi:.1f}; again {med2:.1f}) | kernels "
-              + " ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items()))
-              + f" | sum {ksum:.1f} | total - sum {med - ksum:+.1f}", flush=True)
+        for path in a.paths:
+            call = lambda: gbs.gemm_bn_softmax(x, mod.gemm.weight, mod.gemm.bias, bn.weight, bn.bias,  # noqa: E731
+                                               bn.running_mean, bn.running_var, mod.scale, training=True,
+                                               precision=mod.precision, path=path)
+            with torch.no_grad():
+                graph = graph_of(call)
+                med, lo, hi = per_call_us(graph)
+                kernels = kernel_us(graph)
+                med2, _, _ = per_call_us(graph)
+            ksum = sum(kernels.values())
+            label = "" if a.paths == ["sm90"] else f" {path}"
+            print(f"pdl={int(pdl)} {mode} {size}{label}: op {med:.1f} us ({lo:.1f}-{hi:.1f}; again {med2:.1f}) | "
+                  "kernels " + " ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items()))
+                  + f" | sum {ksum:.1f} | total - sum {med - ksum:+.1f}", flush=True)
         if a.gemm_reference:
             saved = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"

@@ -1,7 +1,8 @@
 // Micro-benchmark of the sm90 GEMM + column statistics kernels (not a test): median of device-event
 // timings, statistics on (training) vs off (eval), and cuBLAS GEMM (fp32 out) of the same precision
 // (for 3xtf32: cuBLAS's exact fp32 GEMM, the one it replaces).
-// Usage: sm90_bench_gemm_stats [M N K] [iters]
+// Usage: [SM90_BENCH_TILES=auto,256x128,128x128,splitk,splitk4] [SM90_BENCH_MODES=bf16,tf32,3xtf32]
+//        bench_sm90_gemm_stats [M N K] [iters]
 #include <cuda_runtime.h>
 #if __has_include(<cublas_v2.h>) && !defined(SM90_BENCH_NO_CUBLAS)
 #include <cublas_v2.h>
@@ -12,19 +13,73 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "bench_util.cuh"
 #include "kernels/sm90/gemm_stats_sm90.h"
+
+namespace {
+
+struct TileSpec {
+  fused::sm90::Sm90Tile tile;
+  int k_splits;  // split-K tile only
+  std::string name;
+};
+
+// SM90_BENCH_TILES: a comma-separated list of 256x128, 128x128, splitk (split_k_count's count) and
+// splitkN (N CTAs per tile), or "auto" (choose_tile's pick, the default). 3xtf32 runs its own tile.
+std::vector<TileSpec> tiles_from_environment(int64_t M, int64_t N, int64_t K, int sms) {
+  const char* env = std::getenv("SM90_BENCH_TILES");
+  std::string list = env != nullptr && *env != '\0' ? env : "auto";
+  std::vector<TileSpec> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    TileSpec t{fused::sm90::Sm90Tile::k256x128, 0, ""};
+    if (item == "auto") {
+      t.tile = fused::sm90::choose_tile(M, N, K, sms);
+      item = t.tile == fused::sm90::Sm90Tile::k256x128   ? "auto=256x128"
+             : t.tile == fused::sm90::Sm90Tile::k128x128 ? "auto=128x128"
+                                                         : "auto=splitk" +
+                                                               std::to_string(fused::sm90::split_k_count(M, N, K, sms));
+    } else if (item == "256x128") {
+      t.tile = fused::sm90::Sm90Tile::k256x128;
+    } else if (item == "128x128") {
+      t.tile = fused::sm90::Sm90Tile::k128x128;
+    } else if (item.rfind("splitk", 0) == 0) {
+      t.tile = fused::sm90::Sm90Tile::k128x128SplitK;
+      t.k_splits = item.size() > 6 ? std::atoi(item.c_str() + 6) : 0;
+    } else {
+      std::fprintf(stderr, "SM90_BENCH_TILES: unknown tile '%s'\n", item.c_str());
+      std::exit(2);
+    }
+    t.name = item;
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int64_t M = 1024, N = 8192, K = 8192;
   int iters = 50;
   if (argc >= 4) { M = atoll(argv[1]); N = atoll(argv[2]); K = atoll(argv[3]); }
   if (argc >= 5) iters = atoi(argv[4]);
-  // partials for the smaller (128-row) tile: room for either kernel shape
+  // partials for the smaller (128-row) tile: room for every kernel shape
   const int64_t tiles = (M + 127) / 128;
   const int64_t ld = fused::sm90::partials_ld(N);
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const std::vector<TileSpec> tile_specs = tiles_from_environment(M, N, K, sms);
+  // SM90_BENCH_MODES: a comma-separated subset of bf16,tf32,3xtf32 (default all three).
+  const char* modes_env = std::getenv("SM90_BENCH_MODES");
+  const std::string modes = modes_env != nullptr && *modes_env != '\0' ? modes_env : "bf16,tf32,3xtf32";
 
   void *x, *w, *bias, *ws = nullptr;
   float *y, *mean, *m2;
@@ -41,25 +96,11 @@ int main(int argc, char** argv) {
 
   const char* const names[] = {"bf16", "tf32", "3xtf32"};
   for (int mode = 0; mode < 3; ++mode) {  // bf16, tf32, 3xtf32 (its peer: cuBLAS's exact fp32 GEMM)
+    if (("," + modes + ",").find(std::string(",") + names[mode] + ",") == std::string::npos) continue;
     const bool bf16 = mode == 0, three = mode == 2;
     fused::bench::fill_operands(x, w, bias, M, N, K, bf16);
-    fused::sm90::GemmStatsArgs a;
-    a.M = M; a.N = N; a.K = K; a.x = x; a.ldx = K; a.w = w; a.ldw = K; a.bias = bias; a.y = y; a.ldy = N;
-    a.tile = three ? fused::sm90::k3xTf32Tile : fused::sm90::Sm90Tile::k256x128;
-    const int64_t row_tile = fused::sm90::partials_row_tile(a.tile);
-    a.partials = {mean, m2, (M + row_tile - 1) / row_tile, row_tile, ld};
     const fused::ElementType et = bf16 ? fused::ElementType::kBFloat16 : fused::ElementType::kFloat32;
     const fused::MatmulPrecision precision = three ? fused::MatmulPrecision::k3xTF32 : fused::MatmulPrecision::kTF32;
-    size_t wsb = fused::sm90::gemm_workspace_bytes(et, precision, a);
-    if (wsb) { cudaFree(ws); cudaMalloc(&ws, wsb); }
-    auto run = [&](const fused::sm90::GemmStatsArgs& args) {
-      fused::Status s = fused::sm90::run_gemm_stats(et, precision, args, ws, nullptr);
-      if (!s.ok()) { std::printf("error: %s\n", s.message); std::exit(1); }
-    };
-    fused::sm90::GemmStatsArgs eval = a;
-    eval.partials = {};
-    float t_stats = fused::bench::median_ms([&] { run(a); }, iters);
-    float t_eval = fused::bench::median_ms([&] { run(eval); }, iters);
     float t_cublas = 0.f;
 #ifdef SM90_BENCH_CUBLAS
     float alpha = 1.f, beta = 0.f;
@@ -72,20 +113,39 @@ int main(int argc, char** argv) {
                    mode == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }, three ? 5 : iters);
 #endif
-    cudaError_t e = cudaDeviceSynchronize();
-    // A fingerprint of y's bits from our kernel (before cuBLAS overwrote y): variants of a kernel that
-    // must compute the same bits (bench/cpp/variants.sh) can be compared by it.
-    run(a);
-    std::vector<uint32_t> y_host(static_cast<size_t>(M * N));
-    cudaMemcpy(y_host.data(), y, M * N * 4, cudaMemcpyDeviceToHost);
-    uint64_t y_bits = 1469598103934665603ull;  // FNV-1a
-    for (uint32_t v : y_host) y_bits = (y_bits ^ v) * 1099511628211ull;
-    double flop = 2.0 * M * N * K;
-    std::printf("%s M=%lld N=%lld K=%lld: gemm+stats %.4f ms (%.0f TFLOP/s) | gemm+bias, no stats %.4f ms (%.0f) | "
-                "cuBLAS %s, fp32 out %.4f ms (%.0f) | stats overhead %+.1f%% | y bits %016llx | %s\n",
-                names[mode], (long long)M, (long long)N, (long long)K, t_stats, flop / t_stats / 1e9,
-                t_eval, flop / t_eval / 1e9, three ? "exact fp32" : names[mode], t_cublas, flop / t_cublas / 1e9,
-                100.0 * (t_stats / t_eval - 1.0), (unsigned long long)y_bits, cudaGetErrorString(e));
+    const std::vector<TileSpec> three_tile = {{fused::sm90::k3xTf32Tile, 0, "128x128"}};
+    for (const TileSpec& spec : three ? three_tile : tile_specs) {
+      fused::sm90::GemmStatsArgs a;
+      a.M = M; a.N = N; a.K = K; a.x = x; a.ldx = K; a.w = w; a.ldw = K; a.bias = bias; a.y = y; a.ldy = N;
+      a.tile = spec.tile;
+      a.k_splits = spec.k_splits;
+      const int64_t row_tile = fused::sm90::partials_row_tile(a.tile);
+      a.partials = {mean, m2, (M + row_tile - 1) / row_tile, row_tile, ld};
+      size_t wsb = fused::sm90::gemm_workspace_bytes(et, precision, a);
+      if (wsb) { cudaFree(ws); cudaMalloc(&ws, wsb); }
+      auto run = [&](const fused::sm90::GemmStatsArgs& args) {
+        fused::Status s = fused::sm90::run_gemm_stats(et, precision, args, ws, nullptr);
+        if (!s.ok()) { std::printf("error: %s\n", s.message); std::exit(1); }
+      };
+      fused::sm90::GemmStatsArgs eval = a;
+      eval.partials = {};
+      float t_stats = fused::bench::median_ms([&] { run(a); }, iters);
+      float t_eval = fused::bench::median_ms([&] { run(eval); }, iters);
+      cudaError_t e = cudaDeviceSynchronize();
+      // A fingerprint of y's bits from our kernel: variants of a kernel that must compute the same
+      // bits (bench/cpp/variants.sh) can be compared by it.
+      run(a);
+      std::vector<uint32_t> y_host(static_cast<size_t>(M * N));
+      cudaMemcpy(y_host.data(), y, M * N * 4, cudaMemcpyDeviceToHost);
+      uint64_t y_bits = 1469598103934665603ull;  // FNV-1a
+      for (uint32_t v : y_host) y_bits = (y_bits ^ v) * 1099511628211ull;
+      double flop = 2.0 * M * N * K;
+      std::printf("%s M=%lld N=%lld K=%lld tile %s: gemm+stats %.4f ms (%.0f TFLOP/s) | gemm+bias, no stats %.4f ms "
+                  "(%.0f) | cuBLAS %s, fp32 out %.4f ms (%.0f) | stats overhead %+.1f%% | y bits %016llx | %s\n",
+                  names[mode], (long long)M, (long long)N, (long long)K, spec.name.c_str(), t_stats, flop / t_stats / 1e9,
+                  t_eval, flop / t_eval / 1e9, three ? "exact fp32" : names[mode], t_cublas, flop / t_cublas / 1e9,
+                  100.0 * (t_stats / t_eval - 1.0), (unsigned long long)y_bits, cudaGetErrorString(e));
+    }
   }
   return 0;
 }

@@ -28,7 +28,7 @@ Status sm90_tile(const ForwardProblem& p, sm90::Sm90Tile& tile) {
   DeviceProperties props;
   FUSED_RETURN_IF_ERROR(device_properties(device, &props));
   tile = p.precision == MatmulPrecision::k3xTF32 ? sm90::k3xTf32Tile
-                                                 : sm90::choose_tile(p.M, p.N, props.multiprocessor_count);
+                                                 : sm90::choose_tile(p.M, p.N, p.K, props.multiprocessor_count);
   return Status::Ok();
 }
 #endif
@@ -53,26 +53,24 @@ Status partials_geometry(const ForwardProblem& p, GemmPath path, ColumnStatsPart
 }
 
 #if defined(FUSED_WITH_SM90)
-// The kernel shape follows the partials geometry, so that both always agree.
-sm90::GemmStatsArgs gemm_args(const ForwardProblem& p, const ForwardBuffers& b, const ColumnStatsPartials& partials) {
-  sm90::GemmStatsArgs a;
+// The kernel shape comes from sm90_tile, as the partials geometry's does, so that both always agree.
+Status gemm_args(const ForwardProblem& p, const ForwardBuffers& b, sm90::GemmStatsArgs& a) {
+  a = sm90::GemmStatsArgs{};
   a.M = p.M; a.N = p.N; a.K = p.K;
   a.x = b.x; a.ldx = b.ldx; a.w = b.weight; a.ldw = b.ldw; a.bias = b.bias;
   a.y = b.y; a.ldy = b.ldy;
-  a.tile = partials.row_tile == sm90::partials_row_tile(sm90::Sm90Tile::k128x128) ? sm90::Sm90Tile::k128x128
-                                                                                  : sm90::Sm90Tile::k256x128;
-  return a;
+  return sm90_tile(p, a.tile);
 }
 #endif
 
 // The path's own GEMM workspace (after the partials and the folded map).
-std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, const ColumnStatsPartials& partials,
-                       bool include_cublaslt_workspace) {
+std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, bool include_cublaslt_workspace) {
 #if defined(FUSED_WITH_SM90)
-  if (path == GemmPath::kSm90)
-    return align_up(sm90::gemm_workspace_bytes(p.dtype, p.precision, gemm_args(p, ForwardBuffers{}, partials)));
-#else
-  (void)partials;
+  if (path == GemmPath::kSm90) {
+    sm90::GemmStatsArgs a;
+    if (!gemm_args(p, ForwardBuffers{}, a).ok()) return 0;
+    return align_up(sm90::gemm_workspace_bytes(p.dtype, p.precision, a));
+  }
 #endif
   if (path == GemmPath::kGeneric)
     return align_up(sizeof(float) * static_cast<std::size_t>(p.N)) +
@@ -114,7 +112,7 @@ std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include
   ColumnStatsPartials g;
   if (!partials_geometry(p, path, g).ok()) return 0;
   return 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +
-         2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + gemm_bytes(p, path, g, include_cublaslt_workspace);
+         2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + gemm_bytes(p, path, include_cublaslt_workspace);
 }
 
 namespace {
@@ -198,7 +196,8 @@ Status gemm_and_partials(const ForwardProblem& p, const ForwardBuffers& b, GemmP
   if (path == GemmPath::kSm90) {
 #if defined(FUSED_WITH_SM90)
     util::NvtxRange range("fused::gemm_stats_sm90");
-    sm90::GemmStatsArgs args = gemm_args(p, b, w.partials);
+    sm90::GemmStatsArgs args;
+    FUSED_RETURN_IF_ERROR(gemm_args(p, b, args));
     if (with_partials) args.partials = w.partials;
     return sm90::run_gemm_stats(p.dtype, p.precision, args, w.gemm, stream);
 #else

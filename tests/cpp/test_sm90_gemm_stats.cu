@@ -101,7 +101,17 @@ struct Case {
   bool large_acc_mean = false;     // x[:, 0] = 2048, W[:, 0] = 1  ->  |acc mean| / std ~ 1e3
   bool check_determinism = false;
   sm90::Sm90Tile tile = sm90::Sm90Tile::k256x128;
+  int k_splits = 0;                // k128x128SplitK: CTAs per tile's K loop (0: split_k_count's)
 };
+
+const char* name_of(sm90::Sm90Tile tile) {
+  switch (tile) {
+    case sm90::Sm90Tile::k256x128: return "256x128";
+    case sm90::Sm90Tile::k128x128: return "128x128";
+    case sm90::Sm90Tile::k128x128SplitK: return "128x128 split-K";
+  }
+  return "?";
+}
 
 struct Result {
   double y_rel_norm = 0, y_worst_ratio = 0;     // ||y - ref|| / ||ref||, max |err| / allowed
@@ -109,7 +119,8 @@ struct Result {
 };
 
 void run_case(const Case& c, Result* out = nullptr) {
-  SCOPED_TRACE(std::string(name_of(c.type)) + (c.tile == sm90::Sm90Tile::k128x128 ? " 128x128" : " 256x128") + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+  SCOPED_TRACE(std::string(name_of(c.type)) + " " + name_of(c.tile) + " k_splits=" + std::to_string(c.k_splits) +
+               " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
                " K=" + std::to_string(c.K) + (c.bias ? " bias" : " nobias") + (c.stats ? " train" : " eval"));
   const int64_t M = c.M, N = c.N, K = c.K, ldy = N + c.ldy_pad;
   std::mt19937 rng(1234u + unsigned(M * 7 + N * 13 + K * 17) + unsigned(c.type) * 101u);
@@ -155,6 +166,7 @@ void run_case(const Case& c, Result* out = nullptr) {
   a.bias = c.bias ? db.ptr : nullptr;
   a.y = dy.ptr; a.ldy = ldy;
   a.tile = c.tile;
+  a.k_splits = c.k_splits;
   if (c.stats) {
     a.partials.mean = dmean.ptr;
     a.partials.m2 = dm2.ptr;
@@ -170,6 +182,9 @@ void run_case(const Case& c, Result* out = nullptr) {
     CUDA_OK(cudaMemset(dy.ptr, 0xFF, size_t(M * ldy) * sizeof(float)));
     CUDA_OK(cudaMemset(dmean.ptr, 0xFF, size_t(tiles * ld) * sizeof(float)));
     CUDA_OK(cudaMemset(dm2.ptr, 0xFF, size_t(tiles * ld) * sizeof(float)));
+    // The GEMM's own workspace too (split-K's partial accumulators and counters): the kernel must
+    // not rely on what a previous call left there.
+    CUDA_OK(cudaMemset(ws.ptr, 0xFF, std::max<size_t>(ws_bytes, 1)));
     Status st = launch(c.type, a, ws.ptr, nullptr);
     ASSERT_TRUE(st.ok()) << st.message;
     CUDA_OK(cudaDeviceSynchronize());
@@ -260,13 +275,20 @@ void run_case(const Case& c, Result* out = nullptr) {
 }
 
 const ElementType kTypes[] = {ElementType::kBFloat16, ElementType::kFloat16, ElementType::kFloat32};
-const sm90::Sm90Tile kTiles[] = {sm90::Sm90Tile::k256x128, sm90::Sm90Tile::k128x128};
+const sm90::Sm90Tile kTiles[] = {sm90::Sm90Tile::k256x128, sm90::Sm90Tile::k128x128,
+                                 sm90::Sm90Tile::k128x128SplitK};
 
-// Every case runs on both kernel shapes (each has its own partials geometry).
+// Every case runs on every kernel shape (each has its own partials geometry); split-K with its own
+// count and with 3 (uneven shares of the K loop where K allows).
 void run_each_tile(Case c) {
   for (sm90::Sm90Tile tile : kTiles) {
     c.tile = tile;
+    c.k_splits = 0;
     run_case(c);
+    if (tile == sm90::Sm90Tile::k128x128SplitK) {
+      c.k_splits = 3;
+      run_case(c);
+    }
   }
 }
 
@@ -558,15 +580,43 @@ TEST(Sm90Gemm3xTf32, SpecialValuesAsInFp32) {
   EXPECT_GT(non_finite, 100);  // the specials did reach many outputs
 }
 
-// The tile rule (no GPU needed): 128x128 ping-pong exactly when the 256x128 grid is under one wave.
+// The tile rule (no GPU needed): split K where the 128x128 grid fills at most half the SMs and K
+// gives each CTA at least kMinSplitK; else 128x128 ping-pong when the 256x128 grid is under one wave.
 TEST(Sm90GemmStats, ChooseTile) {
-  EXPECT_EQ(sm90::choose_tile(1024, 8192, 132), sm90::Sm90Tile::k256x128);  // 256 tiles
-  EXPECT_EQ(sm90::choose_tile(512, 8192, 132), sm90::Sm90Tile::k128x128);   // 128 tiles < 132 SMs
-  EXPECT_EQ(sm90::choose_tile(512, 8192 + 512, 132), sm90::Sm90Tile::k256x128);  // 136 tiles
-  EXPECT_EQ(sm90::choose_tile(256, 8192, 132), sm90::Sm90Tile::k128x128);   // 64 tiles
-  EXPECT_EQ(sm90::choose_tile(1024, 2048, 132), sm90::Sm90Tile::k128x128);  // 64 tiles
-  EXPECT_EQ(sm90::choose_tile(1, 16, 132), sm90::Sm90Tile::k128x128);
-  EXPECT_EQ(sm90::choose_tile(65536, 8192, 132), sm90::Sm90Tile::k256x128);
+  EXPECT_EQ(sm90::choose_tile(1024, 8192, 8192, 132), sm90::Sm90Tile::k256x128);  // 256 tiles
+  EXPECT_EQ(sm90::choose_tile(512, 8192, 8192, 132), sm90::Sm90Tile::k128x128);   // 128 tiles < 132 SMs
+  EXPECT_EQ(sm90::choose_tile(512, 8192 + 512, 8192, 132), sm90::Sm90Tile::k256x128);  // 136 tiles
+  EXPECT_EQ(sm90::choose_tile(256, 8192, 8192, 132), sm90::Sm90Tile::k128x128);   // 128 tiles of 128x128
+  EXPECT_EQ(sm90::choose_tile(1024, 2048, 4096, 132), sm90::Sm90Tile::k128x128);  // 128 tiles of 128x128
+  EXPECT_EQ(sm90::choose_tile(1024, 512, 4096, 132), sm90::Sm90Tile::k128x128SplitK);  // 32 tiles
+  EXPECT_EQ(sm90::choose_tile(128, 8192, 8192, 132), sm90::Sm90Tile::k128x128SplitK);  // 64 tiles
+  EXPECT_EQ(sm90::choose_tile(1024, 512, 512, 132), sm90::Sm90Tile::k128x128);    // K too short to split
+  EXPECT_EQ(sm90::choose_tile(1, 16, 64, 132), sm90::Sm90Tile::k128x128);
+  EXPECT_EQ(sm90::choose_tile(1, 16, 8192, 132), sm90::Sm90Tile::k128x128SplitK);
+  EXPECT_EQ(sm90::choose_tile(65536, 8192, 8192, 132), sm90::Sm90Tile::k256x128);
+}
+
+TEST(Sm90GemmStats, SplitKCount) {
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 4096, 132), 4);   // 32 tiles: 4 x 32 = 128 CTAs
+  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 132), 2);   // 64 tiles
+  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 128), 2);   // exactly half the SMs
+  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 127), 1);   // more than half
+  EXPECT_EQ(sm90::split_k_count(1, 16, 1 << 20, 132), 8);    // at most 8
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 1536, 132), 3);   // at least kMinSplitK of K each
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 1023, 132), 1);
+}
+
+// Split K over 2..8 CTAs, ragged M, N and the last k-tile, against float64; bitwise reproducible.
+TEST(Sm90GemmStats, SplitK) {
+  SKIP_UNLESS_SM90();
+  for (ElementType t : kTypes)
+    for (int k_splits : {1, 2, 5, 8}) {
+      Case c; c.type = t; c.M = 300; c.N = 260; c.K = 1000; c.ldy_pad = 4; c.check_determinism = true;
+      c.tile = sm90::Sm90Tile::k128x128SplitK; c.k_splits = k_splits;
+      run_case(c);
+      c.stats = false;
+      run_case(c);
+    }
 }
 
 TEST(Sm90GemmStats, RejectsUnsupportedArguments) {
@@ -588,6 +638,11 @@ TEST(Sm90GemmStats, RejectsUnsupportedArguments) {
   EXPECT_EQ(launch(ElementType::kBFloat16, bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
   bad.tile = sm90::Sm90Tile::k128x128;     // 256-row partials for the 128-row kernel
   bad.partials.ld = 128;
+  EXPECT_EQ(launch(ElementType::kBFloat16, bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
+  bad = a; bad.k_splits = -1;
+  bad.tile = sm90::Sm90Tile::k128x128SplitK;
+  EXPECT_EQ(launch(ElementType::kBFloat16, bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
+  bad.k_splits = 2; bad.tile = sm90::Sm90Tile::k128x128;  // a split count for a tile that does not split
   EXPECT_EQ(launch(ElementType::kBFloat16, bad, nullptr, nullptr).code, StatusCode::kInvalidArgument);
   bad = a; bad.x = reinterpret_cast<const char*>(buf.ptr) + 4;  // misaligned
   EXPECT_EQ(launch(ElementType::kFloat32, bad, nullptr, nullptr).code, StatusCode::kNotSupported);

@@ -2,16 +2,32 @@
 // tile) to the instantiation TUs (no CUTLASS here).
 #include "kernels/sm90/gemm_stats_sm90.h"
 
+#include <algorithm>
+
 namespace fused::sm90 {
 
-int64_t partials_row_tile(Sm90Tile tile) { return tile == Sm90Tile::k128x128 ? 128 : 256; }
+int64_t partials_row_tile(Sm90Tile tile) { return tile == Sm90Tile::k256x128 ? 256 : 128; }
 
 int64_t partials_ld(int64_t N) { return (N + kCtaTileN - 1) / kCtaTileN * kCtaTileN; }
 
-Sm90Tile choose_tile(int64_t M, int64_t N, int num_sms) {
-  const int64_t rows = partials_row_tile(Sm90Tile::k256x128);
-  const int64_t tiles_256x128 = (M + rows - 1) / rows * ((N + kCtaTileN - 1) / kCtaTileN);
-  return tiles_256x128 < num_sms ? Sm90Tile::k128x128 : Sm90Tile::k256x128;
+namespace {
+int64_t tile_count(int64_t M, int64_t N, Sm90Tile tile) {
+  const int64_t rows = partials_row_tile(tile);
+  return (M + rows - 1) / rows * ((N + kCtaTileN - 1) / kCtaTileN);
+}
+}  // namespace
+
+int split_k_count(int64_t M, int64_t N, int64_t K, int num_sms) {
+  constexpr int64_t kMaxSplits = 8;
+  const int64_t tiles = tile_count(M, N, Sm90Tile::k128x128);
+  if (tiles <= 0 || 2 * tiles > num_sms) return 1;
+  const int64_t splits = std::min({int64_t(num_sms) / tiles, K / kMinSplitK, kMaxSplits});
+  return static_cast<int>(std::max<int64_t>(splits, 1));
+}
+
+Sm90Tile choose_tile(int64_t M, int64_t N, int64_t K, int num_sms) {
+  if (split_k_count(M, N, K, num_sms) > 1) return Sm90Tile::k128x128SplitK;
+  return tile_count(M, N, Sm90Tile::k256x128) < num_sms ? Sm90Tile::k128x128 : Sm90Tile::k256x128;
 }
 
 namespace {
@@ -28,14 +44,19 @@ struct Instance {
 const Instance* find_instance(ElementType dtype, MatmulPrecision precision, Sm90Tile tile, Status& why) {
   using namespace instances;
   static constexpr Instance k3xTf32{workspace_3xtf32_128x128, run_3xtf32_128x128};
-  static constexpr Instance kBf16[2] = {{workspace_bf16_256x128, run_bf16_256x128},
-                                        {workspace_bf16_128x128, run_bf16_128x128}};
-  static constexpr Instance kFp16[2] = {{workspace_fp16_256x128, run_fp16_256x128},
-                                        {workspace_fp16_128x128, run_fp16_128x128}};
-  static constexpr Instance kTf32[2] = {{workspace_tf32_256x128, run_tf32_256x128},
-                                        {workspace_tf32_128x128, run_tf32_128x128}};
-  const int small = tile == Sm90Tile::k128x128 ? 1 : 0;
+  // Indexed by Sm90Tile.
+  static constexpr Instance kBf16[3] = {{workspace_bf16_256x128, run_bf16_256x128},
+                                        {workspace_bf16_128x128, run_bf16_128x128},
+                                        {workspace_bf16_128x128_splitk, run_bf16_128x128_splitk}};
+  static constexpr Instance kFp16[3] = {{workspace_fp16_256x128, run_fp16_256x128},
+                                        {workspace_fp16_128x128, run_fp16_128x128},
+                                        {workspace_fp16_128x128_splitk, run_fp16_128x128_splitk}};
+  static constexpr Instance kTf32[3] = {{workspace_tf32_256x128, run_tf32_256x128},
+                                        {workspace_tf32_128x128, run_tf32_128x128},
+                                        {workspace_tf32_128x128_splitk, run_tf32_128x128_splitk}};
   why = kNoKernel;
+  const int index = static_cast<int>(tile);
+  if (index < 0 || index > 2) return nullptr;
   if (dtype == ElementType::kFloat32 && precision == MatmulPrecision::kHighest) return nullptr;
   if (dtype == ElementType::kFloat32 && precision == MatmulPrecision::k3xTF32) {
     if (tile == k3xTf32Tile) return &k3xTf32;
@@ -43,9 +64,9 @@ const Instance* find_instance(ElementType dtype, MatmulPrecision precision, Sm90
     return nullptr;
   }
   switch (dtype) {
-    case ElementType::kBFloat16: return &kBf16[small];
-    case ElementType::kFloat16: return &kFp16[small];
-    case ElementType::kFloat32: return &kTf32[small];
+    case ElementType::kBFloat16: return &kBf16[index];
+    case ElementType::kFloat16: return &kFp16[index];
+    case ElementType::kFloat32: return &kTf32[index];
     default: return nullptr;
   }
 }

@@ -27,16 +27,44 @@
 
 namespace fused::sm90::detail {
 
+// CUTLASS 4.2's stream-K scheduler for sm90 with one change: is_last_tile() never reports the last
+// tile. The cooperative kernel asks it only, under CUTLASS_ENABLE_GDC_FOR_SM90, when to let the next
+// kernel launch early (a hint), and CUTLASS's own version does not compile there (a const method binds
+// a member to a non-const reference). Without the hint the next kernel launches when this grid ends.
+template <class TileShape, class ClusterShape>
+class StreamKSchedulerWithoutEarlyLaunch
+    : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape> {
+ public:
+  using cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape>::
+      PersistentTileSchedulerSm90StreamK;
+  template <class WorkTileInfo>
+  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo, uint32_t = 1) const { return false; }
+};
+// The tag that selects it (GemmUniversal's tile-scheduler parameter).
+struct StreamKScheduler {};
+
+}  // namespace fused::sm90::detail
+
+namespace cutlass::gemm::kernel::detail {
+template <class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<fused::sm90::detail::StreamKScheduler, arch::Sm90, TileShape, ClusterShape,
+                             SchedulerPipelineStageCount> {
+  using Scheduler = fused::sm90::detail::StreamKSchedulerWithoutEarlyLaunch<TileShape, ClusterShape>;
+};
+}  // namespace cutlass::gemm::kernel::detail
+
+namespace fused::sm90::detail {
+
 using namespace cute;
 
 // A kernel configuration: CTA tile (M, N), cluster (M, N), and schedule. Cooperative: two consumer
 // warpgroups share one TileM x TileN tile. Ping-pong: each consumer warpgroup owns a whole tile and
 // the two alternate, so one's epilogue (the y stores and the statistics) overlaps the other's
 // mainloop. The CTA tile fixes the partials format: one slot per (TileM row tile, column).
-// StreamK (cooperative only): CUTLASS's stream-K tile scheduler, which splits the K loop of some
-// tiles over CTAs so a grid of a fractional number of waves keeps every SM busy; the partial
-// accumulators are summed in a fixed order (deterministic reduction) before the one CTA that owns
-// the tile runs the epilogue, so the statistics see whole tiles as before.
+// StreamK (cooperative only): CUTLASS's stream-K tile scheduler in its split-K mode: each tile's K loop
+// is split over `splits` CTAs (GemmStatsArgs::k_splits, else split_k_count), so a grid of few tiles
+// keeps more SMs busy. The partial accumulators are summed in a fixed order (deterministic reduction)
+// before the one CTA that owns the tile runs the epilogue, so the statistics see whole tiles as before.
 template <int TileM_, int TileN_, int ClusterM_, int ClusterN_, bool PingPong_, bool StreamK_ = false>
 struct GemmStatsConfig {
   static constexpr int kTileM = TileM_, kTileN = TileN_, kClusterM = ClusterM_, kClusterN = ClusterN_;
@@ -52,6 +80,9 @@ using DefaultConfig = GemmStatsConfig<256, int(kCtaTileN), 2, 1, false>;
 template <class ElementIn>
 using SmallTileConfig = GemmStatsConfig<128, int(kCtaTileN), sizeof(ElementIn) == 2 ? 2 : 1,
                                         sizeof(ElementIn) == 2 ? 1 : 2, true>;
+// Grids of at most half a wave of 128x128 tiles (Sm90Tile::k128x128SplitK): 128x128 cooperative,
+// no cluster (a tile's split-K peers are not neighbours), K split over CTAs.
+using SplitKConfig = GemmStatsConfig<128, int(kCtaTileN), 1, 1, false, true>;
 
 // Tile-scheduler choices that need no recompilation (0: CUTLASS's heuristic, 1: along M, 2: along N).
 struct SchedulerOptions {
@@ -133,8 +164,7 @@ struct GemmStatsKernel {
           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
 
-  using TileScheduler = cute::conditional_t<Config::kStreamK, cutlass::gemm::StreamKScheduler,
-                                            cutlass::gemm::PersistentScheduler>;
+  using TileScheduler = cute::conditional_t<Config::kStreamK, StreamKScheduler, cutlass::gemm::PersistentScheduler>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
       Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
@@ -160,6 +190,8 @@ Status validate(const GemmStatsArgs& a) {
   constexpr int64_t kIntMax = 0x7fffffff;
   if (a.M <= 0 || a.N <= 0 || a.K <= 0)
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: M, N, K must be positive"};
+  if (a.k_splits < 0 || (a.k_splits > 0 && !KC::kStreamK))
+    return {StatusCode::kInvalidArgument, "sm90 gemm_stats: k_splits must be 0, or positive for the split-K tile"};
   if (a.M > kIntMax || a.N > kIntMax || a.K > kIntMax)
     return {StatusCode::kNotSupported, "sm90 gemm_stats: M, N, K must fit in int32"};
   if (a.x == nullptr || a.w == nullptr || a.y == nullptr)
@@ -230,7 +262,8 @@ Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched, typ
   if constexpr (KC::kStreamK) {
     using Scheduler = typename Gemm::GemmKernel::TileScheduler;
     out.scheduler.reduction_mode = Scheduler::ReductionMode::Deterministic;  // same bits run to run
-    out.scheduler.decomposition_mode = Scheduler::DecompositionMode::Heuristic;
+    out.scheduler.decomposition_mode = Scheduler::DecompositionMode::SplitK;
+    out.scheduler.splits = a.k_splits > 0 ? a.k_splits : split_k_count(a.M, a.N, a.K, hw_info.sm_count);
   }
   return Status::Ok();
 }

@@ -7,23 +7,33 @@
 
 namespace fused::sm90 {
 
-// Two kernel shapes (chosen per problem by choose_tile; measured on the H200 with bench/cpp/sweep):
+// Three kernel shapes (chosen per problem by choose_tile; measured on the H200 with bench/cpp/sweep and
+// bench_sm90_gemm_stats):
 //   k256x128: cooperative (two consumer warpgroups on one 256x128 tile), cluster 2x1 (the W tile is
 //             multicast to both CTAs). Fastest once the grid fills the GPU (the headline shape).
 //   k128x128: ping-pong (each consumer warpgroup owns a 128x128 tile; one's epilogue overlaps the
 //             other's mainloop). Twice the CTAs: 2x faster where 256x128 tiles leave SMs idle
 //             (M = 256 or N = 2048 at K = 8192 / 4096).
+//   k128x128SplitK: cooperative 128x128 tiles with the K loop split over split_k_count CTAs, summed
+//             in a fixed order before the epilogue: for grids of at most half a wave of 128x128 tiles
+//             (N = 512 at M = 1024), which the other two leave mostly idle.
 // The CTA tile fixes the partials format: one partial per (CTA row tile, column), i.e. a buffer of
-// [ceil(M / partials_row_tile(tile)), partials_ld(N)] (both tiles are 128 wide).
-enum class Sm90Tile : int { k256x128 = 0, k128x128 = 1 };
+// [ceil(M / partials_row_tile(tile)), partials_ld(N)] (all tiles are 128 wide).
+enum class Sm90Tile : int { k256x128 = 0, k128x128 = 1, k128x128SplitK = 2 };
 // The 3xTF32 kernel's one shape: 128x128 cooperative (two accumulators per thread leave no room for
 // a 256x128 tile or a ping-pong one), with the 128-row partials format of k128x128.
 constexpr Sm90Tile k3xTf32Tile = Sm90Tile::k128x128;
 constexpr int64_t kCtaTileN = 128;                      // CTA tile N of every instantiation
 int64_t partials_row_tile(Sm90Tile tile = Sm90Tile::k256x128);   // == CTA tile M
 int64_t partials_ld(int64_t N);                         // == round_up(N, kCtaTileN)
-// k128x128 when the 256x128 grid would not fill one wave of `num_sms` SMs, else k256x128.
-Sm90Tile choose_tile(int64_t M, int64_t N, int num_sms);
+// How many CTAs k128x128SplitK splits each tile's K loop over: as many as fill the SMs with the
+// 128x128 grid, at most 8, each with at least kMinSplitK of K; 1 (no split) where the grid already
+// fills more than half the SMs.
+constexpr int64_t kMinSplitK = 512;
+int split_k_count(int64_t M, int64_t N, int64_t K, int num_sms);
+// k128x128SplitK when split_k_count > 1; else k128x128 when the 256x128 grid would not fill one wave
+// of `num_sms` SMs; else k256x128.
+Sm90Tile choose_tile(int64_t M, int64_t N, int64_t K, int num_sms);
 
 struct GemmStatsArgs {
   int64_t M = 0, N = 0, K = 0;
@@ -38,6 +48,7 @@ struct GemmStatsArgs {
   // epilogue computes no statistics (eval mode).
   ColumnStatsPartials partials;
   Sm90Tile tile = Sm90Tile::k256x128;  // the kernel shape; the partials geometry follows it
+  int k_splits = 0;                    // k128x128SplitK only: CTAs per tile's K loop; 0 = split_k_count
 };
 
 // Device workspace the GEMM itself needs (tile scheduler etc.), bytes, of the kernel run_gemm_stats
@@ -68,6 +79,9 @@ FUSED_SM90_INSTANCE(tf32_256x128)
 FUSED_SM90_INSTANCE(bf16_128x128)
 FUSED_SM90_INSTANCE(fp16_128x128)
 FUSED_SM90_INSTANCE(tf32_128x128)
+FUSED_SM90_INSTANCE(bf16_128x128_splitk)
+FUSED_SM90_INSTANCE(fp16_128x128_splitk)
+FUSED_SM90_INSTANCE(tf32_128x128_splitk)
 FUSED_SM90_INSTANCE(3xtf32_128x128)
 #undef FUSED_SM90_INSTANCE
 }  // namespace instances
