@@ -80,7 +80,7 @@ fi
 if [ "$MODE" = "sanitize" ]; then
   # compute-sanitizer over every kernel on small, odd shapes; then the pytest files in $PYTEST_FILES.
   step "compute-sanitizer"
-  SM90_SMALL='Sm90GemmStats.OddM:Sm90GemmStats.NNotMultipleOfTile:Sm90GemmStats.NoBias:Sm90GemmStats.EvalModeNoStatistics'
+  SM90_SMALL='Sm90GemmStats.OddM:Sm90GemmStats.NNotMultipleOfTile:Sm90GemmStats.NoBias:Sm90GemmStats.EvalModeNoStatistics:Sm90GemmStats.SplitK'
   : >"$OUT/ctest.log"
   for tool in memcheck racecheck synccheck initcheck; do
     for t in "test_cuda_kernels:*" "test_sm90_gemm_stats:$SM90_SMALL"; do

@@ -590,7 +590,7 @@ TEST(Sm90GemmStats, ChooseTile) {
   EXPECT_EQ(sm90::choose_tile(1024, 2048, 4096, 132), sm90::Sm90Tile::k128x128);  // 128 tiles of 128x128
   EXPECT_EQ(sm90::choose_tile(1024, 512, 4096, 132), sm90::Sm90Tile::k128x128SplitK);  // 32 tiles
   EXPECT_EQ(sm90::choose_tile(128, 8192, 8192, 132), sm90::Sm90Tile::k128x128SplitK);  // 64 tiles
-  EXPECT_EQ(sm90::choose_tile(1024, 512, 512, 132), sm90::Sm90Tile::k128x128);    // K too short to split
+  EXPECT_EQ(sm90::choose_tile(1024, 512, 1024, 132), sm90::Sm90Tile::k128x128);   // K too short to split
   EXPECT_EQ(sm90::choose_tile(1, 16, 64, 132), sm90::Sm90Tile::k128x128);
   EXPECT_EQ(sm90::choose_tile(1, 16, 8192, 132), sm90::Sm90Tile::k128x128SplitK);
   EXPECT_EQ(sm90::choose_tile(65536, 8192, 8192, 132), sm90::Sm90Tile::k256x128);
@@ -601,9 +601,9 @@ TEST(Sm90GemmStats, SplitKCount) {
   EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 132), 2);   // 64 tiles
   EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 128), 2);   // exactly half the SMs
   EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 127), 1);   // more than half
-  EXPECT_EQ(sm90::split_k_count(1, 16, 1 << 20, 132), 8);    // at most 8
-  EXPECT_EQ(sm90::split_k_count(1024, 512, 1536, 132), 3);   // at least kMinSplitK of K each
-  EXPECT_EQ(sm90::split_k_count(1024, 512, 1023, 132), 1);
+  EXPECT_EQ(sm90::split_k_count(1, 16, 1 << 20, 132), 4);    // at most kMaxSplitK
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 3072, 132), 3);   // at least kMinSplitK of K each
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 2047, 132), 1);
 }
 
 // Split K over 2..8 CTAs, ragged M, N and the last k-tile, against float64; bitwise reproducible.

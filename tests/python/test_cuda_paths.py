@@ -16,9 +16,10 @@ PATHS = ["generic", pytest.param("sm90", marks=requires_hopper)]
 MODES = {"fp32": (torch.float32, "highest"), "tf32": (torch.float32, "tf32"),
          "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None)}
 # sm90 needs K % 8 (16-byte rows) and N % 4; these shapes fit both paths. Partial M tiles, partial N tiles;
-# wide rows (the softmax's clusters of 3 and of 16 CTAs a row at 20000 and 131072 columns).
+# wide rows (the softmax's clusters of 3 and of 16 CTAs a row at 20000 and 131072 columns); a grid of six
+# 128x128 tiles whose K loop sm90 splits over 4 CTAs (200x264x4096).
 SHAPES = [(2, 8, 16), (257, 136, 64), (300, 200, 264), (1000, 1028, 512), (64, 2048, 1024), (300, 20000, 64),
-          (24, 131072, 32)]
+          (24, 131072, 32), (200, 264, 4096)]
 
 
 def _tol(mode):
@@ -170,10 +171,11 @@ def test_dispatch_rules():
 
 @pytest.mark.skipif(not IS_HOPPER, reason="dispatch to sm90 needs a Hopper GPU")
 def test_auto_dispatch_runs_underfilled_grids_on_the_small_sm90_tile():
-    # Grids that 256x128 tiles leave under one wave run the 128x128 ping-pong kernel, so auto dispatch
+    # Grids that 256x128 tiles leave under one wave run the 128x128 ping-pong kernel, or where the
+    # 128x128 grid fills at most half the SMs, the 128x128 kernel with K split over CTAs; auto dispatch
     # picks sm90 for them too, except where the 128x128 grid fills at most half the SMs with K >= 8192
-    # (cuBLASLt splits K there), in every dtype. Rule: fused::cuda::sm90_preferred. Results stay
-    # correct on both tiles and both paths.
+    # (cuBLASLt is faster there), in every dtype. Rule: fused::cuda::sm90_preferred. Results stay
+    # correct on every tile and both paths.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert sms >= 2 * 64  # the shapes below assume an H100/H200-sized GPU
 
@@ -189,8 +191,10 @@ def test_auto_dispatch_runs_underfilled_grids_on_the_small_sm90_tile():
     assert gbs.dispatch_path(*operands(1024, 8192, 8192, torch.bfloat16)) == "sm90"        # 512 tiles
     assert gbs.dispatch_path(*operands(1024, 2048, 4096, torch.bfloat16)) == "sm90"        # 128 tiles
     assert gbs.dispatch_path(*operands(1024, 2048, 4096, torch.float32), precision="tf32") == "sm90"
+    assert gbs.dispatch_path(*operands(1024, 512, 4096, torch.bfloat16)) == "sm90"         # 32 tiles: K split
     for m, n, k, dtype, precision in ((256, 8192, 2048, torch.bfloat16, None), (1000, 2048, 512, torch.float32, "tf32"),
-                                      (300, 1028, 256, torch.float16, None)):
+                                      (300, 1028, 256, torch.float16, None), (1000, 512, 3072, torch.float32, "tf32"),
+                                      (130, 1028, 2048, torch.bfloat16, None)):
         x, w = operands(m, n, k, dtype)
         want, _ = functional_ref64(x, w)
         for path in ("sm90", "generic", None):

@@ -18,10 +18,9 @@ int64_t tile_count(int64_t M, int64_t N, Sm90Tile tile) {
 }  // namespace
 
 int split_k_count(int64_t M, int64_t N, int64_t K, int num_sms) {
-  constexpr int64_t kMaxSplits = 8;
   const int64_t tiles = tile_count(M, N, Sm90Tile::k128x128);
   if (tiles <= 0 || 2 * tiles > num_sms) return 1;
-  const int64_t splits = std::min({int64_t(num_sms) / tiles, K / kMinSplitK, kMaxSplits});
+  const int64_t splits = std::min({int64_t(num_sms) / tiles, K / kMinSplitK, kMaxSplitK});
   return static_cast<int>(std::max<int64_t>(splits, 1));
 }
 

@@ -27,9 +27,12 @@ constexpr int64_t kCtaTileN = 128;                      // CTA tile N of every i
 int64_t partials_row_tile(Sm90Tile tile = Sm90Tile::k256x128);   // == CTA tile M
 int64_t partials_ld(int64_t N);                         // == round_up(N, kCtaTileN)
 // How many CTAs k128x128SplitK splits each tile's K loop over: as many as fill the SMs with the
-// 128x128 grid, at most 8, each with at least kMinSplitK of K; 1 (no split) where the grid already
-// fills more than half the SMs.
-constexpr int64_t kMinSplitK = 512;
+// 128x128 grid, at most kMaxSplitK, each with at least kMinSplitK of K; 1 (no split) where the grid
+// already fills more than half the SMs. Measured on the H200 (bench_sm90_gemm_stats, splits 1/2/4/8 at
+// eight shapes): 2 or 4 splits were the fastest or within 1 % of it at every shape but one (tf32
+// 64x1024x8192: 8 splits 6 % faster); 8 lost up to 40 %, and a K of 512 per CTA lost to no split.
+constexpr int64_t kMinSplitK = 1024;
+constexpr int64_t kMaxSplitK = 4;
 int split_k_count(int64_t M, int64_t N, int64_t K, int num_sms);
 // k128x128SplitK when split_k_count > 1; else k128x128 when the 256x128 grid would not fill one wave
 // of `num_sms` SMs; else k256x128.
