@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-PIPELINE_OP = r"^pdl=\d (\S+ \S+): op ([0-9.]+) us"
+PIPELINE_OP = r"^pdl=\d (\S+ \S+(?: \S+)?): op ([0-9.]+) us"  # mode, size and, with --paths, the path
 
 
 def parse_setting(text):

@@ -367,6 +367,7 @@ def test_pipeline_breakdown_groups_the_forward_kernels():
         "fused::cuda::(anonymous namespace)::finalize_kernel(fused::ColumnStatsPartials, ...)": "finalize",
         "void fused::cuda::(anonymous namespace)::softmax_rows_in_registers<512, 4>(...)": "softmax",
         "Memset (Device)": "Memset (Device)",
+        "nvjet_sm90_tss_64x64_64x13_2x1_v_bz_bias": "gemm",  # cuBLAS's, on the generic path
     }
     for name, group in names.items():
         assert pipeline_breakdown.kernel_group(name) == group
@@ -435,3 +436,8 @@ def test_ab_rounds_default_pattern_reads_pipeline_breakdown_lines():
     with open(os.path.join(BENCH, "results", "h200-x2-2026-11-30-forward-pipeline-9746710.txt")) as f:
         found = ab_rounds.values_of(f.read(), ab_rounds.PIPELINE_OP)
     assert found == {"bf16 1024x8192x8192": 232.6, "tf32 1024x8192x8192": 416.7, "bf16 4096x8192x8192": 936.1}
+    # With --paths, each line names its path too.
+    with open(os.path.join(BENCH, "results", "h200-2026-12-01-splitk-pdl-off-d5c1172.txt")) as f:
+        found = ab_rounds.values_of(f.read(), ab_rounds.PIPELINE_OP)
+    assert found["bf16 1024x512x4096 sm90"] == 31.4 and found["tf32 2048x512x8192 generic"] == 79.3
+    assert len(found) == 8
