@@ -61,16 +61,16 @@ using namespace cute;
 // warpgroups share one TileM x TileN tile. Ping-pong: each consumer warpgroup owns a whole tile and
 // the two alternate, so one's epilogue (the y stores and the statistics) overlaps the other's
 // mainloop. The CTA tile fixes the partials format: one slot per (TileM row tile, column).
-// StreamK (cooperative only): CUTLASS's stream-K tile scheduler in its split-K mode: each tile's K loop
+// SplitK (cooperative only): CUTLASS's stream-K tile scheduler in its split-K mode: each tile's K loop
 // is split over `splits` CTAs (GemmStatsArgs::k_splits, else split_k_count), so a grid of few tiles
 // keeps more SMs busy. The partial accumulators are summed in a fixed order (deterministic reduction)
 // before the one CTA that owns the tile runs the epilogue, so the statistics see whole tiles as before.
-template <int TileM_, int TileN_, int ClusterM_, int ClusterN_, bool PingPong_, bool StreamK_ = false>
+template <int TileM_, int TileN_, int ClusterM_, int ClusterN_, bool PingPong_, bool SplitK_ = false>
 struct GemmStatsConfig {
   static constexpr int kTileM = TileM_, kTileN = TileN_, kClusterM = ClusterM_, kClusterN = ClusterN_;
   static constexpr bool kPingPong = PingPong_;
-  static constexpr bool kStreamK = StreamK_;
-  static_assert(!(kPingPong && kStreamK), "CUTLASS's stream-K scheduler runs the cooperative kernel only");
+  static constexpr bool kSplitK = SplitK_;
+  static_assert(!(kPingPong && kSplitK), "CUTLASS's stream-K scheduler runs the cooperative kernel only");
 };
 
 // What the library runs (Sm90Tile in gemm_stats_sm90.h): 256x128 cooperative, cluster 2x1, and
@@ -111,7 +111,7 @@ inline SchedulerOptions large_tile_scheduler(int64_t M, int64_t N) {
 template <class ElementIn, class Config = DefaultConfig>
 struct GemmStatsKernel {
   static constexpr int kTileM = Config::kTileM, kTileN = Config::kTileN;
-  static constexpr bool kStreamK = Config::kStreamK;
+  static constexpr bool kSplitK = Config::kSplitK;
   using ElementA = ElementIn;                     // x (M,K) row-major: K-major
   using LayoutA = cutlass::layout::RowMajor;
   using ElementB = ElementIn;                     // W (N,K) row-major == B (K,N) column-major: K-major
@@ -164,7 +164,7 @@ struct GemmStatsKernel {
           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
 
-  using TileScheduler = cute::conditional_t<Config::kStreamK, StreamKScheduler, cutlass::gemm::PersistentScheduler>;
+  using TileScheduler = cute::conditional_t<Config::kSplitK, StreamKScheduler, cutlass::gemm::PersistentScheduler>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
       Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
@@ -182,7 +182,7 @@ using Tf32ReferenceFor3xTf32 = GemmStatsKernel<float, GemmStatsConfig<128, int(k
 
 // The launch code below takes a kernel description KC: GemmStatsKernel<ElementIn, Config>, or
 // another kernel with the same members (Gemm, the strides, FusionCallbacks, ElementA/B/Bias,
-// AlignmentAB/D, kTileM/N, kStreamK), e.g. the 3xTF32 one (gemm_stats_sm90_3xtf32_128x128.cu).
+// AlignmentAB/D, kTileM/N, kSplitK), e.g. the 3xTF32 one (gemm_stats_sm90_3xtf32_128x128.cu).
 template <class KC>
 Status validate(const GemmStatsArgs& a) {
   if (partials_row_tile(a.tile) != KC::kTileM)
@@ -190,7 +190,7 @@ Status validate(const GemmStatsArgs& a) {
   constexpr int64_t kIntMax = 0x7fffffff;
   if (a.M <= 0 || a.N <= 0 || a.K <= 0)
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: M, N, K must be positive"};
-  if (a.k_splits < 0 || (a.k_splits > 0 && !KC::kStreamK))
+  if (a.k_splits < 0 || (a.k_splits > 0 && !KC::kSplitK))
     return {StatusCode::kInvalidArgument, "sm90 gemm_stats: k_splits must be 0, or positive for the split-K tile"};
   if (a.M > kIntMax || a.N > kIntMax || a.K > kIntMax)
     return {StatusCode::kNotSupported, "sm90 gemm_stats: M, N, K must fit in int32"};
@@ -259,7 +259,7 @@ Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched, typ
                                : sched.raster_order == 2 ? Raster::AlongN
                                                          : Raster::Heuristic;
   out.scheduler.max_swizzle_size = sched.max_swizzle;
-  if constexpr (KC::kStreamK) {
+  if constexpr (KC::kSplitK) {
     using Scheduler = typename Gemm::GemmKernel::TileScheduler;
     out.scheduler.reduction_mode = Scheduler::ReductionMode::Deterministic;  // same bits run to run
     out.scheduler.decomposition_mode = Scheduler::DecompositionMode::SplitK;

@@ -11,7 +11,7 @@ struct GemmStats3xTf32Kernel {
   using Reference = Tf32ReferenceFor3xTf32;
   using RefMainloop = typename Reference::CollectiveMainloop;
   static constexpr int kTileM = Reference::kTileM, kTileN = Reference::kTileN;
-  static constexpr bool kStreamK = false;
+  static constexpr bool kSplitK = false;
   using ElementA = uint32_t;  // raw fp32 words: a UINT32 TMA copy keeps the low mantissa bits
   using ElementB = uint32_t;
   using ElementBias = typename Reference::ElementBias;
