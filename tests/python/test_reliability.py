@@ -21,10 +21,16 @@ def _call(mod, x, path):
                                num_batches_tracked=bn.num_batches_tracked if mod.training else None, path=path)
 
 
+# (256, 136, 2048): four 128x128 tiles, whose K loop sm90 splits over 2 CTAs (a memset of the split-K
+# counters before the GEMM, inside the graph too).
+SHAPES = [pytest.param((256, 136, 64), id="256x136x64"), pytest.param((256, 136, 2048), id="split_k")]
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("momentum", [0.1, None])
-def test_cuda_graph_replay_updates_running_stats(path, momentum):
-    m, n, k = 256, 136, 64
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cuda_graph_replay_updates_running_stats(path, momentum, shape):
+    m, n, k = shape
     ref, ref64, fused = make_models(k, n, torch.bfloat16, "cuda", momentum=momentum)
     static_x = torch.rand(m, k, device="cuda").to(torch.bfloat16)
     # warm up on a side stream (allocator, lazy init), then restore the state the reference has
@@ -51,9 +57,10 @@ def test_cuda_graph_replay_updates_running_stats(path, momentum):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_no_host_synchronisation(path):
-    ref, ref64, fused = make_models(64, 72, torch.bfloat16, "cuda", momentum=None)
-    x = torch.rand(100, 64, device="cuda").to(torch.bfloat16)
+@pytest.mark.parametrize("k", [64, 2048], ids=["k64", "split_k"])
+def test_no_host_synchronisation(path, k):
+    ref, ref64, fused = make_models(k, 72, torch.bfloat16, "cuda", momentum=None)
+    x = torch.rand(100, k, device="cuda").to(torch.bfloat16)
     with torch.no_grad():
         _call(fused, x, path)  # first call: lazy initialisation may synchronise
         torch.cuda.synchronize()
