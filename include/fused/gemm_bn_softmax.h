@@ -124,15 +124,16 @@ enum class PathRequest : int { kAuto = 0, kSm90 = 1, kGeneric = 2, kRecompute = 
 //      BatchNorm amplifies at tiny batches, costs accuracy (measured against float64 at M = 2..10:
 //      3e-4..3e-2 in TF32, 3e-7..2e-5 in exact fp32);
 //   3. grids that 256x128 tiles leave under one wave run the sm90 path's 128x128 ping-pong kernel
-//      (2x faster there, level with cuBLAS's GEMM alone), so sm90 wins almost everywhere; the
-//      exception is a 128x128 grid that fills at most half the SMs with K >= 8192: each CTA then
-//      runs a long K loop while half the GPU idles, and cuBLASLt's split-K GEMM plus the statistics
-//      pass is faster on the GPU (H200, per call, GPU / loop bound by the host: 128 x 8192 x 8192 bf16
-//      55 / 58 us against 84 / 84, tf32 89 / 92 against 110 / 105; 2048 x 512 x 8192 bf16 44 / 49
-//      against 56 / 56, though on a slower host that loop took 68 against 56). There the generic
-//      path runs; otherwise sm90.
-//      At K = 4096 the generic path is faster on the GPU alone too, but its extra launches and
-//      cuBLASLt's host work cost more than that in a loop bound by the host, so sm90 stays.
+//      (2x faster there, level with cuBLAS's GEMM alone), and 128x128 grids that fill at most half
+//      the SMs its 128x128 kernel with K split over 2-4 CTAs (sm90::split_k_count), so sm90 wins
+//      almost everywhere; the exception is such a half-wave grid with K >= 8192, where cuBLASLt's
+//      GEMM plus the statistics pass stayed faster on the GPU at three of the four points measured
+//      (H200, CUDA graphs, per call, generic against sm90 with split K: 128 x 8192 x 8192 bf16 53
+//      against 59 us, tf32 87 against 93; 2048 x 512 x 8192 bf16 45 against 47, but tf32 78 against
+//      68). There the generic path runs; otherwise sm90.
+//      At K = 4096 the generic path is faster on the GPU alone in bf16 (1024 x 512 x 4096: 24 against
+//      31 us), but its extra launches and cuBLASLt's host work cost more than that in a loop bound by
+//      the host, so sm90 stays.
 //   4. the recompute path runs only when asked for (request or environment): it never writes y, so
 //      it needs no (M, N) fp32 buffer (inference peak memory: out alone), but its three mma.sync
 //      tile passes are slower than the sm90 GEMM + softmax (H200, 4096 x 8192, bf16: 0.176 vs
@@ -153,8 +154,9 @@ Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const Devic
 //                                                            under one wave; ld = round_up(N, 128);
 //                                                            generic: row_tile 128, ld = round_up(N, 4))
 //   folded a, c          2 * N floats
-//   sm90: the GEMM's own (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule);
-//         3xTF32 always runs the 128x128 tile (row_tile 128)
+//   sm90: the GEMM's own (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule;
+//         with split K one fp32 128x128 tile of partial sums per output tile and its counters: about 2 MiB at
+//         1024 x 512 x 4096); 3xTF32 always runs the 128x128 tile (row_tile 128)
 //   generic: the bias in fp32 (N floats) and cuBLASLt's workspace: 1 MiB + room for 8 fp32 copies
 //            of y (split-K partial products), at most 32 MiB (what PyTorch gives cuBLAS on Hopper)
 // Headline problem (M = 1024, N = 8192): 320 KiB on the sm90 path, 32.6 MiB on the generic path.

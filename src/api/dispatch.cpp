@@ -43,8 +43,9 @@ bool operand_rows_in_16_bytes(const ForwardProblem& p, const ForwardBuffers& b) 
   return p.K % per16 == 0 && stride_or_dense(b.ldx, p.K) % per16 == 0 && stride_or_dense(b.ldw, p.K) % per16 == 0;
 }
 
-// Rule 3 at choose_path(): the 128x128 ping-pong kernel covers underfilled grids, except where its
-// grid fills at most half the SMs with K >= 8192 (cuBLASLt splits K there).
+// Rule 3 at choose_path(): the 128x128 kernels (ping-pong, or split K where the grid fills at most half
+// the SMs) cover underfilled grids, except where that grid fills at most half the SMs with K >= 8192
+// (cuBLASLt stayed faster on the GPU there).
 bool sm90_preferred(const ForwardProblem& p, int num_sms) {
 #if defined(FUSED_WITH_SM90)
   const int64_t tiles_128x128 = util::ceil_div(p.M, sm90::partials_row_tile(sm90::Sm90Tile::k128x128)) *
