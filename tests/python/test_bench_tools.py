@@ -322,6 +322,12 @@ def test_forward_table_compares_each_shape_with_its_own_peers():
     assert float(rows[("256", "sm90")][8]) == pytest.approx(0.07 / 0.05, abs=1e-3)
     assert float(rows[("4096", "sm90")][8]) == pytest.approx(0.84 / 0.70, abs=1e-3)
     assert float(rows[("4096", "sm90")][9]) == pytest.approx(1.05 / 0.84, abs=1e-2)
+    # GPU time alone (graph_ms), where measured, against the GEMM's own graph_ms; nan where absent.
+    with_graph = [dict(rec(256, "gemm", 0.05), graph_ms=0.02), dict(rec(256, "sm90", 0.07), graph_ms=0.03),
+                  rec(256, "eager", 0.12)]
+    rows = {line.split()[5]: line.split() for line in bench_forward.forward_table(with_graph).splitlines()[1:]}
+    assert float(rows["sm90"][11]) == pytest.approx(0.03) and float(rows["sm90"][12]) == pytest.approx(1.5)
+    assert rows["eager"][11] == "nan" and rows["eager"][12] == "nan"
 
 
 def test_compile_repeats_merge_into_median_and_range():
@@ -352,6 +358,14 @@ def test_compile_repeats_merge_into_median_and_range():
                                                        "git": "g", "date": "x"}).splitlines()
                if line.startswith("| headline"))
     assert "| 1.25× |" in row
+    # op / GEMM on the GPU alone, where both carry graph_ms; "-" where not
+    assert "| 1.250 | - |" in row
+    timed = [dict(r, graph_ms=0.15) if r["impl"] == "sm90" else dict(r, graph_ms=0.12) if r["impl"] == "gemm" else r
+             for r in once]
+    row = next(line for line in plot_results.markdown({"records": timed, "device": "d", "torch": "t", "cuda": "c",
+                                                       "git": "g", "date": "x"}).splitlines()
+               if line.startswith("| headline"))
+    assert "| 1.250 | 1.250 |" in row
 
 
 def test_bench_cli_refuses_zero_compile_repeats():
