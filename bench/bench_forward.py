@@ -5,7 +5,8 @@ Forward cases: eager PyTorch (the reference model), torch.compile (default, comp
 max-autotune-no-cudagraphs, compiled once; compile time reported separately), the bare GEMM of the same precision
 (F.linear), and the op on its generic and sm90 paths. CUDA events, warm-up, median/min/max of
 --iters runs, fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
-vs a float64 reference. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
+vs a float64 reference; for impls under 1 ms per call (but the torch.compile peers) also "graph_ms", the
+GPU time per call from CUDA-graph replays. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
 
 Cases: headline (1024x8192x8192) in fp32 / tf32 / bf16 / fp16; eval mode; an M sweep (256..65536
 at N = K = 8192); an N sweep (512..131072 at M = 1024, K = 4096); a small-K case; train.
