@@ -30,16 +30,10 @@ struct TileSpec {
 // SM90_BENCH_TILES: a comma-separated list of 256x128, 128x128, splitk (split_k_count's count) and
 // splitkN (N CTAs per tile), or "auto" (choose_tile's pick, the default). 3xtf32 runs its own tile.
 std::vector<TileSpec> tiles_from_environment(int64_t M, int64_t N, int64_t K, int sms) {
-  const char* env = std::getenv("SM90_BENCH_TILES");
-  std::string list = env != nullptr && *env != '\0' ? env : "auto";
+  std::vector<std::string> items = fused::bench::env_list("SM90_BENCH_TILES");
+  if (items.empty()) items = {"auto"};
   std::vector<TileSpec> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    std::string item = list.substr(start, end - start);
-    start = end + 1;
-    if (item.empty()) continue;
+  for (std::string item : items) {
     TileSpec t{fused::sm90::Sm90Tile::k256x128, 0, ""};
     if (item == "auto") {
       t.tile = fused::sm90::choose_tile(M, N, K, sms);
@@ -78,8 +72,8 @@ int main(int argc, char** argv) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const std::vector<TileSpec> tile_specs = tiles_from_environment(M, N, K, sms);
   // SM90_BENCH_MODES: a comma-separated subset of bf16,tf32,3xtf32 (default all three).
-  const char* modes_env = std::getenv("SM90_BENCH_MODES");
-  const std::string modes = modes_env != nullptr && *modes_env != '\0' ? modes_env : "bf16,tf32,3xtf32";
+  std::vector<std::string> modes = fused::bench::env_list("SM90_BENCH_MODES");
+  if (modes.empty()) modes = {"bf16", "tf32", "3xtf32"};
 
   void *x, *w, *bias, *ws = nullptr;
   float *y, *mean, *m2;
@@ -96,7 +90,7 @@ int main(int argc, char** argv) {
 
   const char* const names[] = {"bf16", "tf32", "3xtf32"};
   for (int mode = 0; mode < 3; ++mode) {  // bf16, tf32, 3xtf32 (its peer: cuBLAS's exact fp32 GEMM)
-    if (("," + modes + ",").find(std::string(",") + names[mode] + ",") == std::string::npos) continue;
+    if (std::find(modes.begin(), modes.end(), names[mode]) == modes.end()) continue;
     const bool bf16 = mode == 0, three = mode == 2;
     fused::bench::fill_operands(x, w, bias, M, N, K, bf16);
     const fused::ElementType et = bf16 ? fused::ElementType::kBFloat16 : fused::ElementType::kFloat32;

@@ -1,5 +1,5 @@
-// Shared by the C++ benchmarks (bench_sm90_gemm_stats, sweep/gemm_sweep): device-event timing and
-// deterministic U[0,1) operands (W optionally U[-1,1)).
+// Shared by the C++ benchmarks (bench_sm90_gemm_stats, sweep/gemm_sweep): device-event timing,
+// deterministic U[0,1) operands (W optionally U[-1,1)) and comma-separated environment settings.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,9 +7,27 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace fused::bench {
+
+// Comma-separated items of an environment variable, empty items dropped (unset or empty: none).
+inline std::vector<std::string> env_list(const char* name) {
+  std::vector<std::string> items;
+  const char* v = std::getenv(name);
+  std::string cur;
+  for (const char* c = v ? v : ""; ; ++c) {
+    if (*c == ',' || *c == '\0') {
+      if (!cur.empty()) items.push_back(cur);
+      cur.clear();
+      if (*c == '\0') break;
+    } else {
+      cur += *c;
+    }
+  }
+  return items;
+}
 
 // Median of `iters` device-event timings of f(), after `warmup` untimed calls; before() runs ahead
 // of every call, outside the timing (e.g. to flush or fill L2).

@@ -23,23 +23,6 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
 }
 
-// Comma-separated items of an environment variable (none: empty).
-std::vector<std::string> env_list(const char* name) {
-  std::vector<std::string> items;
-  const char* v = std::getenv(name);
-  std::string cur;
-  for (const char* c = v ? v : ""; ; ++c) {
-    if (*c == ',' || *c == '\0') {
-      if (!cur.empty()) items.push_back(cur);
-      cur.clear();
-      if (*c == '\0') break;
-    } else {
-      cur += *c;
-    }
-  }
-  return items;
-}
-
 bool selected(const std::string& variant, const std::vector<std::string>& filters) {
   if (filters.empty()) return true;
   for (const auto& f : filters)
@@ -60,14 +43,14 @@ int main(int argc, char** argv) {
   cublasHandle_t h;
   cublasCreate(&h);
   std::vector<fused::sweep::SchedulerChoice> choices = {{0, 1}, {1, 1}, {2, 1}, {1, 2}, {2, 2}, {1, 4}, {2, 4}, {2, 8}};
-  if (!env_list("GEMM_SWEEP_CHOICES").empty()) {
+  if (!fused::bench::env_list("GEMM_SWEEP_CHOICES").empty()) {
     choices.clear();
-    for (const auto& c : env_list("GEMM_SWEEP_CHOICES")) {
+    for (const auto& c : fused::bench::env_list("GEMM_SWEEP_CHOICES")) {
       int r = 0, sw = 1;
       if (std::sscanf(c.c_str(), "%d:%d", &r, &sw) == 2) choices.push_back({r, sw});
     }
   }
-  const std::vector<std::string> filters = env_list("GEMM_SWEEP_VARIANTS");
+  const std::vector<std::string> filters = fused::bench::env_list("GEMM_SWEEP_VARIANTS");
   for (const auto& shape : shapes) {
     const int64_t M = shape[0], N = shape[1], K = shape[2];  // named copies: lambdas capture them
     void *x, *w, *bias, *ws = nullptr;
