@@ -38,13 +38,23 @@ def parse(text: str):
     return kernels
 
 
+# Substrings that mark a GEMM kernel in profiler and Nsight Compute names: cuBLAS's (nvjet, xmma, gemm)
+# and CUTLASS's, ours included (cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<...>>).
+GEMM_TAGS = ("nvjet", "gemm", "xmma", "cutlass")
+
+
+def is_gemm_kernel(name: str) -> bool:
+    lower = name.lower()
+    return any(tag in lower for tag in GEMM_TAGS)
+
+
 def short_name(name: str) -> str:
     if "GemmUniversal" in name:
         return "sm90 GEMM + column statistics"
     m = re.search(r"(finalize_kernel|softmax_rows_\w+|column_partials_\w*kernel|bias_rows_kernel)", name)
     if m:
         return m.group(1)
-    if any(tag in name for tag in ("nvjet", "gemm", "xmma", "cutlass")):
+    if any(tag in name for tag in GEMM_TAGS):
         return "cuBLAS GEMM"
     m = re.search(r"(\w+_kernel)", name)
     return m.group(1) if m else name[:60]

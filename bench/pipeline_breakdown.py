@@ -1,8 +1,9 @@
-"""Where the forward's GPU time goes: the op (sm90 path unless --paths says otherwise, training mode) replayed from a CUDA graph of
-20 calls, its time per call (median of 30 replays, with the range), and each kernel's time per call
-from torch.profiler over the same replays. With programmatic dependent launch (the default) a
-kernel's profiled time includes the time it waits for its predecessor, so compare totals; set
-FUSED_DISABLE_PDL=1 for each kernel's own time (then "total - sum" is the launch gaps).
+"""Where the forward's GPU time goes: the op (sm90 path unless --paths says otherwise, training mode)
+replayed from a CUDA graph of 20 calls, its time per call (median of 30 replays, with the range), and
+each kernel's time per call from torch.profiler over the same replays. With programmatic dependent
+launch (the default) a kernel's profiled time includes the time it waits for its predecessor, so
+compare totals; set FUSED_DISABLE_PDL=1 for each kernel's own time (then "total - sum" is the launch
+gaps).
 
 --copy-reference adds, per case, the time of a copy that moves the softmax's bytes: y (M, N) fp32
 read once and written once in the output's dtype (`out.copy_(y)`, replayed and profiled the same
@@ -22,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_forward  # noqa: E402  (its CUDA-graph capture and CUDA-event timer)
+import ncu_summary  # noqa: E402  (which kernel names are GEMMs)
 import gemm_bn_softmax as gbs  # noqa: E402
 
 CALLS = 20
@@ -40,7 +42,7 @@ def per_call_us(graph, replays=30):
 
 def kernel_group(name):
     """The forward's stage a kernel belongs to, from its (demangled) name; other kernels keep theirs."""
-    if "cutlass" in name or "gemm" in name.lower() or "nvjet" in name:  # nvjet: cuBLAS's sm90 GEMM kernels
+    if ncu_summary.is_gemm_kernel(name):
         return "gemm"
     if "finalize" in name:
         return "finalize"

@@ -29,10 +29,6 @@ def fmt(value, spec):
     return (spec % value) if value is not None else "-"
 
 
-def is_gemm_kernel(name):
-    return any(tag in name.lower() for tag in ("gemm", "nvjet", "xmma"))
-
-
 def kernel_label(name):
     """A short name for a profiler kernel name (CUTLASS and ATen kernels have long template names)."""
     label = ncu_summary.short_name(name)
@@ -168,7 +164,7 @@ def kernel_table(r):
     """Lines of a per-kernel table of one profiled training step: each kernel, then GEMMs vs the rest."""
     per_step = [(kern["kernel"], kern["calls_per_iter"], kern["us"] * kern["calls_per_iter"]) for kern in r["kernels"]]
     total = sum(us for _, _, us in per_step) or float("nan")
-    gemm_us = sum(us for name, _, us in per_step if is_gemm_kernel(name))
+    gemm_us = sum(us for name, _, us in per_step if ncu_summary.is_gemm_kernel(name))
     lines = [f"Fused {r['case']}, {r['mode']}, {r['M']}×{r['N']}×{r['K']}: GPU time per kernel in one step "
              "(torch.profiler, averaged over the profiled steps; launch gaps excluded).", "",
              "| kernel | calls per step | µs per step | share |", "|---|---|---|---|"]
@@ -226,7 +222,7 @@ def plot(data, prefix: str):
                     t["finalize"] += us
                 elif "softmax" in name:
                     t["softmax"] += us
-                elif is_gemm_kernel(name) or any(tag in name for tag in ("column_partials", "bias_rows")):
+                elif ncu_summary.is_gemm_kernel(name) or "column_partials" in name or "bias_rows" in name:
                     t["gemm+stats"] += us  # generic path: bias into y, cuBLAS GEMM, column-partials pass
                 else:
                     t["other"] += us
