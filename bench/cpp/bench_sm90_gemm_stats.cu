@@ -1,6 +1,8 @@
 // Micro-benchmark of the sm90 GEMM + column statistics kernels (not a test): median of device-event
 // timings, statistics on (training) vs off (eval), and cuBLAS GEMM (fp32 out) of the same precision
-// (for 3xtf32: cuBLAS's exact fp32 GEMM, the one it replaces).
+// (for 3xtf32: cuBLAS's exact fp32 GEMM, the one it replaces). Each event-timed call includes its
+// launch (for small problems the host's launch cost shows); "GPU only" is the same call with
+// statistics replayed from a CUDA graph.
 // Usage: [SM90_BENCH_TILES=auto,256x128,128x128,splitk,splitk4] [SM90_BENCH_MODES=bf16,tf32,3xtf32]
 //        bench_sm90_gemm_stats [M N K] [iters]
 #include <cuda_runtime.h>
@@ -87,6 +89,8 @@ int main(int argc, char** argv) {
   cublasHandle_t h;
   cublasCreate(&h);
 #endif
+  cudaStream_t stream;  // blocking: ordered with the legacy stream, where the events are recorded
+  cudaStreamCreate(&stream);
 
   const char* const names[] = {"bf16", "tf32", "3xtf32"};
   for (int mode = 0; mode < 3; ++mode) {  // bf16, tf32, 3xtf32 (its peer: cuBLAS's exact fp32 GEMM)
@@ -118,13 +122,14 @@ int main(int argc, char** argv) {
       size_t wsb = fused::sm90::gemm_workspace_bytes(et, precision, a);
       if (wsb) { cudaFree(ws); cudaMalloc(&ws, wsb); }
       auto run = [&](const fused::sm90::GemmStatsArgs& args) {
-        fused::Status s = fused::sm90::run_gemm_stats(et, precision, args, ws, nullptr);
+        fused::Status s = fused::sm90::run_gemm_stats(et, precision, args, ws, stream);
         if (!s.ok()) { std::printf("error: %s\n", s.message); std::exit(1); }
       };
       fused::sm90::GemmStatsArgs eval = a;
       eval.partials = {};
       float t_stats = fused::bench::median_ms([&] { run(a); }, iters);
       float t_eval = fused::bench::median_ms([&] { run(eval); }, iters);
+      float t_graph = fused::bench::graph_ms(stream, [&] { run(a); });
       cudaError_t e = cudaDeviceSynchronize();
       // A fingerprint of y's bits from our kernel: variants of a kernel that must compute the same
       // bits (bench/cpp/variants.sh) can be compared by it.
@@ -134,9 +139,9 @@ int main(int argc, char** argv) {
       uint64_t y_bits = 1469598103934665603ull;  // FNV-1a
       for (uint32_t v : y_host) y_bits = (y_bits ^ v) * 1099511628211ull;
       double flop = 2.0 * M * N * K;
-      std::printf("%s M=%lld N=%lld K=%lld tile %s: gemm+stats %.4f ms (%.0f TFLOP/s) | gemm+bias, no stats %.4f ms "
+      std::printf("%s M=%lld N=%lld K=%lld tile %s: gemm+stats %.4f ms (%.0f TFLOP/s), GPU only %.4f | gemm+bias, no stats %.4f ms "
                   "(%.0f) | cuBLAS %s, fp32 out %.4f ms (%.0f) | stats overhead %+.1f%% | y bits %016llx | %s\n",
-                  names[mode], (long long)M, (long long)N, (long long)K, spec.name.c_str(), t_stats, flop / t_stats / 1e9,
+                  names[mode], (long long)M, (long long)N, (long long)K, spec.name.c_str(), t_stats, flop / t_stats / 1e9, t_graph,
                   t_eval, flop / t_eval / 1e9, three ? "exact fp32" : names[mode], t_cublas, flop / t_cublas / 1e9,
                   100.0 * (t_stats / t_eval - 1.0), (unsigned long long)y_bits, cudaGetErrorString(e));
     }

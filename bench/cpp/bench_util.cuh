@@ -62,6 +62,43 @@ float median_ms(F&& f, int iters, int warmup = 5) {
   return median_ms_after([] {}, f, iters, warmup);
 }
 
+// GPU time per call of f(), which launches on `stream` (not the legacy default stream): `calls` calls
+// captured into one CUDA graph, the median of `reps` replays divided by `calls`, so no host launch
+// cost sits between the calls. Returns 0 if the capture or the graph fails.
+template <class F>
+float graph_ms(cudaStream_t stream, F&& f, int calls = 20, int reps = 10) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return 0.f;
+  for (int i = 0; i < calls; ++i) f();
+  const bool captured = cudaStreamEndCapture(stream, &graph) == cudaSuccess;
+  if (!captured || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    return 0.f;
+  }
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaGraphLaunch(exec, stream);  // warm-up
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, stream);
+    cudaGraphLaunch(exec, stream);
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms / calls);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 // n 32-bit words of U[0,1) values from a hash of the index: two bf16 per word, or one fp32.
 static __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed, int bf16, int centred) {
   size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;

@@ -25,31 +25,158 @@
 #include "kernels/epilogue/sm90_column_partials.hpp"
 #include "kernels/sm90/gemm_stats_sm90.h"
 
+// How the split-K tile's peers sum their partial accumulators (FUSED_SPLITK_FIXUP):
+//   1 (the library's): every non-final peer stores its partials to a slot of its own at once; the
+//     final peer (the last K range) waits until all have arrived, then adds the slots in split order.
+//   0: CUTLASS's deterministic reduction, a chain (peer k waits for peer k - 1 to have added its
+//     partials into one shared slot, then adds its own), kept for A/B measurements.
+// Both orders are fixed, so either gives the same bits run to run (not the same bits as each other).
+#ifndef FUSED_SPLITK_FIXUP
+#define FUSED_SPLITK_FIXUP 1
+#endif
+
 namespace fused::sm90::detail {
 
-// CUTLASS 4.2's stream-K scheduler for sm90 with one change: is_last_tile() never reports the last
-// tile. The cooperative kernel asks it only, under CUTLASS_ENABLE_GDC_FOR_SM90, when to let the next
-// kernel launch early (a hint), and CUTLASS's own version does not compile there (a const method binds
-// a member to a non-const reference). Without the hint the next kernel launches when this grid ends.
+// CUTLASS 4.2's stream-K scheduler, used by the split-K tile in its split-K mode, with two changes:
+// - fixup(): the peers of a tile store their partials concurrently into one slot each and only the
+//   final peer waits, instead of CUTLASS's deterministic chain, where each peer waits for the one
+//   before it and the final peer is the end of splits - 1 dependent read-add-write rounds through L2
+//   (Nsight Compute put the chain's kernel at 27 us at 1024x512x4096 bf16 where its products need
+//   about 7). The workspace grows by splits - 2 slots per tile (the first peer uses CUTLASS's slot).
+// - is_last_tile() never reports the last tile. The cooperative kernel asks it only, under
+//   CUTLASS_ENABLE_GDC_FOR_SM90, when to let the next kernel launch early (a hint), and CUTLASS's own
+//   version does not compile there (a const method binds a member to a non-const reference). Without
+//   the hint the next kernel launches when this grid ends.
 template <class TileShape, class ClusterShape>
-class StreamKSchedulerWithoutEarlyLaunch
+class SplitKScheduler
     : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape> {
+  using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape>;
+  static constexpr uint64_t kTileElements = uint64_t(cute::size<0>(TileShape{})) * cute::size<1>(TileShape{});
+
  public:
-  using cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape>::
-      PersistentTileSchedulerSm90StreamK;
-  template <class WorkTileInfo>
-  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo, uint32_t = 1) const { return false; }
+  using Base::Base;
+  using typename Base::Arguments;
+  using typename Base::Params;
+  using typename Base::WorkTileInfo;
+
+  template <class Tile>
+  CUTLASS_DEVICE bool is_last_tile(Tile, uint32_t = 1) const { return false; }
+
+  // CUTLASS's workspace (one slot per tile, then the counters), then splits - 2 more slots per tile.
+  template <class ProblemShape, class ElementAccumulator>
+  static size_t get_workspace_size(Arguments const& args, ProblemShape problem_shape,
+                                   cutlass::KernelHardwareInfo const& hw_info, uint32_t mma_warp_groups,
+                                   uint32_t epilogue_subtile = 1, uint32_t num_accumulator_mtxs = 1) {
+    const size_t base = Base::template get_workspace_size<ProblemShape, ElementAccumulator>(
+        args, problem_shape, hw_info, mma_warp_groups, epilogue_subtile, num_accumulator_mtxs);
+#if FUSED_SPLITK_FIXUP == 1
+    static_assert(cute::is_same_v<ElementAccumulator, float>, "the slots hold fp32 accumulators");
+    if (args.decomposition_mode != Params::DecompositionMode::SplitK || args.splits <= 2) return base;
+    // Tiles as CUTLASS counts them (the grid rounded up to the swizzle); CUTLASS may lower the split
+    // count (never raise it), so args.splits bounds the slots the kernel uses.
+    auto shape_mnkl = cute::append<4>(problem_shape, 1);
+    const auto blocks = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::get_tiled_cta_shape_mnl(
+        cutlass::gemm::BatchedGemmCoord(cute::get<0>(shape_mnkl), cute::get<1>(shape_mnkl), cute::get<2>(shape_mnkl),
+                                        cute::get<3>(shape_mnkl)),
+        cutlass::gemm::GemmCoord(cute::size<0>(TileShape{}), cute::size<1>(TileShape{}), cute::size<2>(TileShape{})),
+        cutlass::gemm::GemmCoord(cute::size<0>(ClusterShape{}), cute::size<1>(ClusterShape{}), 1));
+    const int log_swizzle = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::get_log_swizzle_size(
+        blocks.x, blocks.y, args.max_swizzle_size);
+    const uint64_t round_m = (uint64_t(1) << log_swizzle) * cute::size<0>(ClusterShape{});
+    const uint64_t round_n = (uint64_t(1) << log_swizzle) * cute::size<1>(ClusterShape{});
+    const uint64_t tiles = (blocks.x + round_m - 1) / round_m * round_m * ((blocks.y + round_n - 1) / round_n * round_n) *
+                           blocks.z;
+    return base + tiles * uint64_t(args.splits - 2) * kTileElements * sizeof(float);
+#else
+    return base;
+#endif
+  }
+
+#if FUSED_SPLITK_FIXUP == 1
+  // The kernel calls it after a work unit's K loop, per consumer warpgroup (barrier_idx), with that
+  // warpgroup's share of the tile's accumulators.
+  template <class FrgTensorC>
+  CUTLASS_DEVICE static void fixup(Params const& params, WorkTileInfo const& work, FrgTensorC& accumulators,
+                                   uint32_t num_barriers, uint32_t barrier_idx) {
+    const uint32_t splits = params.divmod_splits_.divisor;
+    if (splits <= 1) {  // a stream-K decomposition, which the library does not run: CUTLASS's own reduction
+      Base::fixup(params, work, accumulators, num_barriers, barrier_idx);
+      return;
+    }
+    if (!Base::requires_fixup(params, work)) return;
+    static_assert(cute::is_same_v<typename FrgTensorC::value_type, float>, "fp32 accumulators");
+    constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
+    constexpr int kVectors = int(cute::size(FrgTensorC{})) / 4;  // float4s per thread
+    static_assert(int(cute::size(FrgTensorC{})) % 4 == 0);
+    using Barriers = cutlass::NamedBarrierManager<kThreads, uint32_t(cutlass::arch::ReservedNamedBarriers::StreamkBarrier0), 2>;
+
+    // The workspace as get_workspace_size laid it out.
+    const uint64_t tiles = params.units_per_problem_;
+    const uint64_t tile = Base::output_tile_index(params, work);
+    const cutlass::gemm::GemmCoord tile_shape(cute::size<0>(TileShape{}), cute::size<1>(TileShape{}),
+                                              cute::size<2>(TileShape{}));
+    auto* workspace = reinterpret_cast<uint8_t*>(params.reduction_workspace_);
+    const size_t first_slots_bytes = Params::get_reduction_workspace_size(tiles, tile_shape, 32);
+    int* counters = reinterpret_cast<int*>(workspace + first_slots_bytes);
+    float* more_slots =
+        reinterpret_cast<float*>(workspace + first_slots_bytes + Params::get_barrier_workspace_size(tiles, num_barriers, 32));
+    const uint64_t warpgroup_offset = uint64_t(barrier_idx) * kVectors * 4 * kThreads;
+    auto slot = [&](uint32_t split) {  // split in [0, splits - 1): a non-final peer's slot
+      float* p = split == 0 ? reinterpret_cast<float*>(workspace) + tile * kTileElements
+                            : more_slots + (tile * (splits - 2) + (split - 1)) * kTileElements;
+      return reinterpret_cast<float4*>(p + warpgroup_offset);
+    };
+    const int counter = int(tile * num_barriers + barrier_idx);
+    const int thread = int(threadIdx.x % kThreads);
+    float* acc = accumulators.data();
+
+    if (!Base::compute_epilogue(work, params)) {
+      // The split's index from its first k-tile: CUTLASS gives the first big_units_ splits one k-tile more.
+      const uint32_t per = params.divmod_k_tiles_per_sk_unit_.divisor, big = params.big_units_;
+      const uint32_t k0 = uint32_t(work.K_idx);
+      const uint32_t split = k0 < big * (per + 1) ? k0 / (per + 1) : big + (k0 - big * (per + 1)) / per;
+      float4* out = slot(split);
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < kVectors; ++v)
+        __stcg(out + v * kThreads + thread, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
+      Barriers::arrive_inc(barrier_idx, counters, thread, counter, 1);  // the warpgroup's stores, then a release
+      return;
+    }
+    Barriers::wait_eq(barrier_idx, counters, thread, counter, int(splits - 1));
+    // Add the slots in split order, one whole slot at a time (its loads in flight together: the
+    // registers hold one slot beside the accumulators, not two). The slots were written by other SMs:
+    // loads and stores bypass L1 (.cg).
+#pragma unroll 1
+    for (uint32_t split = 0; split + 1 < splits; ++split) {
+      const float4* in = slot(split);
+      float4 part[kVectors];
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < kVectors; ++v) part[v] = __ldcg(in + v * kThreads + thread);
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < kVectors; ++v) {
+        acc[4 * v] += part[v].x;
+        acc[4 * v + 1] += part[v].y;
+        acc[4 * v + 2] += part[v].z;
+        acc[4 * v + 3] += part[v].w;
+      }
+    }
+  }
+#elif FUSED_SPLITK_FIXUP == 2
+  // Diagnostic only, wrong results: no reduction at all (a bound on what any fixup costs).
+  template <class FrgTensorC>
+  CUTLASS_DEVICE static void fixup(Params const&, WorkTileInfo const&, FrgTensorC&, uint32_t, uint32_t) {}
+#endif
 };
 // The tag that selects it (GemmUniversal's tile-scheduler parameter).
-struct StreamKScheduler {};
+struct SplitKSchedulerTag {};
 
 }  // namespace fused::sm90::detail
 
 namespace cutlass::gemm::kernel::detail {
 template <class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
-struct TileSchedulerSelector<fused::sm90::detail::StreamKScheduler, arch::Sm90, TileShape, ClusterShape,
+struct TileSchedulerSelector<fused::sm90::detail::SplitKSchedulerTag, arch::Sm90, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
-  using Scheduler = fused::sm90::detail::StreamKSchedulerWithoutEarlyLaunch<TileShape, ClusterShape>;
+  using Scheduler = fused::sm90::detail::SplitKScheduler<TileShape, ClusterShape>;
 };
 }  // namespace cutlass::gemm::kernel::detail
 
@@ -164,7 +291,7 @@ struct GemmStatsKernel {
           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
 
-  using TileScheduler = cute::conditional_t<Config::kSplitK, StreamKScheduler, cutlass::gemm::PersistentScheduler>;
+  using TileScheduler = cute::conditional_t<Config::kSplitK, SplitKSchedulerTag, cutlass::gemm::PersistentScheduler>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
       Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
