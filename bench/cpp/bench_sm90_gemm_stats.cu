@@ -31,18 +31,18 @@ struct TileSpec {
 
 // SM90_BENCH_TILES: a comma-separated list of 256x128, 128x128, splitk (split_k_count's count) and
 // splitkN (N CTAs per tile), or "auto" (choose_tile's pick, the default). 3xtf32 runs its own tile.
-std::vector<TileSpec> tiles_from_environment(int64_t M, int64_t N, int64_t K, int sms) {
+std::vector<TileSpec> tiles_from_environment(int64_t M, int64_t N, int64_t K, int element_bytes, int sms) {
   std::vector<std::string> items = fused::bench::env_list("SM90_BENCH_TILES");
   if (items.empty()) items = {"auto"};
   std::vector<TileSpec> out;
   for (std::string item : items) {
     TileSpec t{fused::sm90::Sm90Tile::k256x128, 0, ""};
     if (item == "auto") {
-      t.tile = fused::sm90::choose_tile(M, N, K, sms);
+      t.tile = fused::sm90::choose_tile(M, N, K, element_bytes, sms);
       item = t.tile == fused::sm90::Sm90Tile::k256x128   ? "auto=256x128"
              : t.tile == fused::sm90::Sm90Tile::k128x128 ? "auto=128x128"
                                                          : "auto=splitk" +
-                                                               std::to_string(fused::sm90::split_k_count(M, N, K, sms));
+                                                               std::to_string(fused::sm90::split_k_count(M, N, K, element_bytes, sms));
     } else if (item == "256x128") {
       t.tile = fused::sm90::Sm90Tile::k256x128;
     } else if (item == "128x128") {
@@ -72,7 +72,6 @@ int main(int argc, char** argv) {
   const int64_t ld = fused::sm90::partials_ld(N);
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  const std::vector<TileSpec> tile_specs = tiles_from_environment(M, N, K, sms);
   // SM90_BENCH_MODES: a comma-separated subset of bf16,tf32,3xtf32 (default all three).
   std::vector<std::string> modes = fused::bench::env_list("SM90_BENCH_MODES");
   if (modes.empty()) modes = {"bf16", "tf32", "3xtf32"};
@@ -96,6 +95,7 @@ int main(int argc, char** argv) {
   for (int mode = 0; mode < 3; ++mode) {  // bf16, tf32, 3xtf32 (its peer: cuBLAS's exact fp32 GEMM)
     if (std::find(modes.begin(), modes.end(), names[mode]) == modes.end()) continue;
     const bool bf16 = mode == 0, three = mode == 2;
+    const std::vector<TileSpec> tile_specs = tiles_from_environment(M, N, K, bf16 ? 2 : 4, sms);
     fused::bench::fill_operands(x, w, bias, M, N, K, bf16);
     const fused::ElementType et = bf16 ? fused::ElementType::kBFloat16 : fused::ElementType::kFloat32;
     const fused::MatmulPrecision precision = three ? fused::MatmulPrecision::k3xTF32 : fused::MatmulPrecision::kTF32;

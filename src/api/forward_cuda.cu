@@ -28,7 +28,8 @@ Status sm90_tile(const ForwardProblem& p, sm90::Sm90Tile& tile) {
   DeviceProperties props;
   FUSED_RETURN_IF_ERROR(device_properties(device, &props));
   tile = p.precision == MatmulPrecision::k3xTF32 ? sm90::k3xTf32Tile
-                                                 : sm90::choose_tile(p.M, p.N, p.K, props.multiprocessor_count);
+                                                 : sm90::choose_tile(p.M, p.N, p.K, int(element_size(p.dtype)),
+                                                                     props.multiprocessor_count);
   return Status::Ok();
 }
 #endif

@@ -580,30 +580,43 @@ TEST(Sm90Gemm3xTf32, SpecialValuesAsInFp32) {
   EXPECT_GT(non_finite, 100);  // the specials did reach many outputs
 }
 
-// The tile rule (no GPU needed): split K where the 128x128 grid fills at most half the SMs and K
-// gives each CTA at least kMinSplitK; else 128x128 ping-pong when the 256x128 grid is under one wave.
+// The tile rule (no GPU needed): split K where the 128x128 grid fills at most half the SMs and K has
+// at least kMinKTilesToSplit k-tiles of 128 bytes; else 128x128 ping-pong when the 256x128 grid is
+// under one wave. Element sizes: 2 (bf16, fp16), 4 (tf32).
 TEST(Sm90GemmStats, ChooseTile) {
-  EXPECT_EQ(sm90::choose_tile(1024, 8192, 8192, 132), sm90::Sm90Tile::k256x128);  // 256 tiles
-  EXPECT_EQ(sm90::choose_tile(512, 8192, 8192, 132), sm90::Sm90Tile::k128x128);   // 128 tiles < 132 SMs
-  EXPECT_EQ(sm90::choose_tile(512, 8192 + 512, 8192, 132), sm90::Sm90Tile::k256x128);  // 136 tiles
-  EXPECT_EQ(sm90::choose_tile(256, 8192, 8192, 132), sm90::Sm90Tile::k128x128);   // 128 tiles of 128x128
-  EXPECT_EQ(sm90::choose_tile(1024, 2048, 4096, 132), sm90::Sm90Tile::k128x128);  // 128 tiles of 128x128
-  EXPECT_EQ(sm90::choose_tile(1024, 512, 4096, 132), sm90::Sm90Tile::k128x128SplitK);  // 32 tiles
-  EXPECT_EQ(sm90::choose_tile(128, 8192, 8192, 132), sm90::Sm90Tile::k128x128SplitK);  // 64 tiles
-  EXPECT_EQ(sm90::choose_tile(1024, 512, 1024, 132), sm90::Sm90Tile::k128x128);   // K too short to split
-  EXPECT_EQ(sm90::choose_tile(1, 16, 64, 132), sm90::Sm90Tile::k128x128);
-  EXPECT_EQ(sm90::choose_tile(1, 16, 8192, 132), sm90::Sm90Tile::k128x128SplitK);
-  EXPECT_EQ(sm90::choose_tile(65536, 8192, 8192, 132), sm90::Sm90Tile::k256x128);
+  for (int bytes : {2, 4}) {
+    EXPECT_EQ(sm90::choose_tile(1024, 8192, 8192, bytes, 132), sm90::Sm90Tile::k256x128);  // 256 tiles
+    EXPECT_EQ(sm90::choose_tile(512, 8192, 8192, bytes, 132), sm90::Sm90Tile::k128x128);   // 128 tiles < 132 SMs
+    EXPECT_EQ(sm90::choose_tile(512, 8192 + 512, 8192, bytes, 132), sm90::Sm90Tile::k256x128);  // 136 tiles
+    EXPECT_EQ(sm90::choose_tile(256, 8192, 8192, bytes, 132), sm90::Sm90Tile::k128x128);   // 128 tiles of 128x128
+    EXPECT_EQ(sm90::choose_tile(1024, 2048, 4096, bytes, 132), sm90::Sm90Tile::k128x128);  // 128 tiles of 128x128
+    EXPECT_EQ(sm90::choose_tile(1024, 512, 4096, bytes, 132), sm90::Sm90Tile::k128x128SplitK);  // 32 tiles
+    EXPECT_EQ(sm90::choose_tile(128, 8192, 8192, bytes, 132), sm90::Sm90Tile::k128x128SplitK);  // 64 tiles
+    EXPECT_EQ(sm90::choose_tile(1024, 512, 1024, bytes, 132), sm90::Sm90Tile::k128x128);   // K too short to split
+    EXPECT_EQ(sm90::choose_tile(1, 16, 64, bytes, 132), sm90::Sm90Tile::k128x128);
+    EXPECT_EQ(sm90::choose_tile(1, 16, 8192, bytes, 132), sm90::Sm90Tile::k128x128SplitK);
+    EXPECT_EQ(sm90::choose_tile(65536, 8192, 8192, bytes, 132), sm90::Sm90Tile::k256x128);
+  }
+  // 2048 of K: 32 k-tiles of bf16 (too few), 64 of fp32
+  EXPECT_EQ(sm90::choose_tile(1024, 512, 2048, 2, 132), sm90::Sm90Tile::k128x128);
+  EXPECT_EQ(sm90::choose_tile(1024, 512, 2048, 4, 132), sm90::Sm90Tile::k128x128SplitK);
 }
 
 TEST(Sm90GemmStats, SplitKCount) {
-  EXPECT_EQ(sm90::split_k_count(1024, 512, 4096, 132), 4);   // 32 tiles: 4 x 32 = 128 CTAs
-  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 132), 2);   // 64 tiles
-  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 128), 2);   // exactly half the SMs
-  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 127), 1);   // more than half
-  EXPECT_EQ(sm90::split_k_count(1, 16, 1 << 20, 132), 4);    // at most kMaxSplitK
-  EXPECT_EQ(sm90::split_k_count(1024, 512, 3072, 132), 3);   // at least kMinSplitK of K each
-  EXPECT_EQ(sm90::split_k_count(1024, 512, 2047, 132), 1);
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 4096, 2, 132), 4);    // 32 tiles: 4 x 32 = 128 CTAs
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 4096, 4, 132), 4);
+  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 2, 132), 2);    // 64 tiles
+  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 2, 128), 2);    // exactly half the SMs
+  EXPECT_EQ(sm90::split_k_count(128, 8192, 8192, 2, 127), 1);    // more than half
+  EXPECT_EQ(sm90::split_k_count(512, 512, 8192, 2, 132), 8);     // 16 tiles: 8 x 16 = 128 CTAs
+  EXPECT_EQ(sm90::split_k_count(1, 16, 1 << 20, 2, 132), 8);     // at most kMaxSplitK
+  EXPECT_EQ(sm90::split_k_count(1, 16, 4096, 2, 132), 4);        // 64 k-tiles: at least 16 each
+  EXPECT_EQ(sm90::split_k_count(1, 16, 6144, 2, 132), 6);        // 96 k-tiles
+  EXPECT_EQ(sm90::split_k_count(1, 16, 4000, 2, 132), 1);        // 63 k-tiles (the last one ragged): too few
+  EXPECT_EQ(sm90::split_k_count(1, 16, 2048, 4, 132), 4);        // 64 k-tiles of fp32
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 2047, 4, 132), 4);    // a ragged last k-tile counts (as CUTLASS's)
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 2015, 4, 132), 1);    // 63 k-tiles
+  EXPECT_EQ(sm90::split_k_count(1024, 512, 4096, 0, 132), 1);    // no element size: no split
 }
 
 // Split K over 2..8 CTAs, ragged M, N and the last k-tile, against float64; bitwise reproducible.

@@ -21,9 +21,9 @@ def _call(mod, x, path):
                                num_batches_tracked=bn.num_batches_tracked if mod.training else None, path=path)
 
 
-# (256, 136, 2048): four 128x128 tiles, whose K loop sm90 splits over 2 CTAs (a memset of the split-K
-# counters before the GEMM, inside the graph too).
-SHAPES = [pytest.param((256, 136, 64), id="256x136x64"), pytest.param((256, 136, 2048), id="split_k")]
+# (256, 136, 4096): four 128x128 tiles, whose K loop (64 k-tiles of bf16) sm90 splits over 4 CTAs (a
+# memset of the split-K counters before the GEMM, inside the graph too).
+SHAPES = [pytest.param((256, 136, 64), id="256x136x64"), pytest.param((256, 136, 4096), id="split_k")]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -57,7 +57,7 @@ def test_cuda_graph_replay_updates_running_stats(path, momentum, shape):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("k", [64, 2048], ids=["k64", "split_k"])
+@pytest.mark.parametrize("k", [64, 4096], ids=["k64", "split_k"])
 def test_no_host_synchronisation(path, k):
     ref, ref64, fused = make_models(k, 72, torch.bfloat16, "cuda", momentum=None)
     x = torch.rand(100, k, device="cuda").to(torch.bfloat16)

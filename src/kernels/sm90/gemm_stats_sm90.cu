@@ -17,15 +17,16 @@ int64_t tile_count(int64_t M, int64_t N, Sm90Tile tile) {
 }
 }  // namespace
 
-int split_k_count(int64_t M, int64_t N, int64_t K, int num_sms) {
+int split_k_count(int64_t M, int64_t N, int64_t K, int element_bytes, int num_sms) {
   const int64_t tiles = tile_count(M, N, Sm90Tile::k128x128);
-  if (tiles <= 0 || 2 * tiles > num_sms) return 1;
-  const int64_t splits = std::min({int64_t(num_sms) / tiles, K / kMinSplitK, kMaxSplitK});
+  const int64_t k_tiles = element_bytes > 0 ? (K * element_bytes + 127) / 128 : 0;
+  if (tiles <= 0 || 2 * tiles > num_sms || k_tiles < kMinKTilesToSplit) return 1;
+  const int64_t splits = std::min({int64_t(num_sms) / tiles, k_tiles / kMinKTilesPerSplit, kMaxSplitK});
   return static_cast<int>(std::max<int64_t>(splits, 1));
 }
 
-Sm90Tile choose_tile(int64_t M, int64_t N, int64_t K, int num_sms) {
-  if (split_k_count(M, N, K, num_sms) > 1) return Sm90Tile::k128x128SplitK;
+Sm90Tile choose_tile(int64_t M, int64_t N, int64_t K, int element_bytes, int num_sms) {
+  if (split_k_count(M, N, K, element_bytes, num_sms) > 1) return Sm90Tile::k128x128SplitK;
   return tile_count(M, N, Sm90Tile::k256x128) < num_sms ? Sm90Tile::k128x128 : Sm90Tile::k256x128;
 }
 

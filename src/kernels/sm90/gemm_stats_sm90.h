@@ -26,17 +26,21 @@ constexpr Sm90Tile k3xTf32Tile = Sm90Tile::k128x128;
 constexpr int64_t kCtaTileN = 128;                      // CTA tile N of every instantiation
 int64_t partials_row_tile(Sm90Tile tile = Sm90Tile::k256x128);   // == CTA tile M
 int64_t partials_ld(int64_t N);                         // == round_up(N, kCtaTileN)
-// How many CTAs k128x128SplitK splits each tile's K loop over: as many as fill the SMs with the
-// 128x128 grid, at most kMaxSplitK, each with at least kMinSplitK of K; 1 (no split) where the grid
-// already fills more than half the SMs. Measured on the H200 (bench_sm90_gemm_stats, splits 1/2/4/8 at
-// eight shapes): 2 or 4 splits were the fastest or within 1 % of it at every shape but one (tf32
-// 64x1024x8192: 8 splits 6 % faster); 8 lost up to 40 %, and a K of 512 per CTA lost to no split.
-constexpr int64_t kMinSplitK = 1024;
-constexpr int64_t kMaxSplitK = 4;
-int split_k_count(int64_t M, int64_t N, int64_t K, int num_sms);
+// How many CTAs k128x128SplitK splits each tile's K loop over, K counted in k-tiles of 128 bytes (64
+// bf16/fp16 elements, 32 fp32; element_bytes 2 or 4): as many as fill the SMs with the 128x128 grid, at
+// most kMaxSplitK, each with at least kMinKTilesPerSplit k-tiles; 1 (no split) where the grid already
+// fills more than half the SMs or K has fewer than kMinKTilesToSplit k-tiles. Measured on the H200
+// (bench_sm90_gemm_stats, the kernel alone on the GPU, splits 2/4/8 at nine shapes in bf16 and tf32,
+// the library's fixup): the rule's count was the fastest at each shape where every split's CTA runs at
+// once; shorter K loops (bf16 1024x512x2048, 32 k-tiles: 14.8 us unsplit against 17.8 with 2 splits)
+// lose to not splitting, since the reduction costs 3-5 us whatever the K.
+constexpr int64_t kMinKTilesPerSplit = 16;
+constexpr int64_t kMinKTilesToSplit = 64;
+constexpr int64_t kMaxSplitK = 8;
+int split_k_count(int64_t M, int64_t N, int64_t K, int element_bytes, int num_sms);
 // k128x128SplitK when split_k_count > 1; else k128x128 when the 256x128 grid would not fill one wave
 // of `num_sms` SMs; else k256x128.
-Sm90Tile choose_tile(int64_t M, int64_t N, int64_t K, int num_sms);
+Sm90Tile choose_tile(int64_t M, int64_t N, int64_t K, int element_bytes, int num_sms);
 
 struct GemmStatsArgs {
   int64_t M = 0, N = 0, K = 0;
