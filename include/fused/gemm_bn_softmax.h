@@ -125,7 +125,7 @@ enum class PathRequest : int { kAuto = 0, kSm90 = 1, kGeneric = 2, kRecompute = 
 //      3e-4..3e-2 in TF32, 3e-7..2e-5 in exact fp32);
 //   3. grids that 256x128 tiles leave under one wave run the sm90 path's 128x128 ping-pong kernel
 //      (2x faster there, level with cuBLAS's GEMM alone), and 128x128 grids that fill at most half
-//      the SMs its 128x128 kernel with K split over 2-4 CTAs (sm90::split_k_count), so sm90 wins
+//      the SMs its 128x128 kernel with K split over 2-8 CTAs (sm90::split_k_count), so sm90 wins
 //      almost everywhere; the exception is such a half-wave grid with K >= 8192, where cuBLASLt's
 //      GEMM plus the statistics pass stayed faster on the GPU at three of the four points measured
 //      (H200, CUDA graphs, per call, generic against sm90 with split K: 128 x 8192 x 8192 bf16 53
