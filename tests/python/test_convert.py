@@ -497,6 +497,7 @@ def train_step(model, x, g):
 def test_compile_runs_the_fused_op_in_training_and_eval(compile_fusion, model):
     model = randomize(model)
     baseline = copy.deepcopy(model)
+    exact = copy.deepcopy(model).double()
     compiled = torch.compile(model, fullgraph=True)
     x, g = torch.rand(16, K), torch.randn(16, N)
 
@@ -504,13 +505,18 @@ def test_compile_runs_the_fused_op_in_training_and_eval(compile_fusion, model):
     assert "torch.ops.fused.gemm_bn_softmax.default" in code
     assert "torch.ops.fused.gemm_bn_softmax_backward" in code  # the op's own backward
     torch.testing.assert_close(out, train_step(baseline, x, g), rtol=1e-4, atol=1e-6)
+    train_step(exact, x.double(), g.double())
     linear_bias = model.bias if isinstance(model, FunctionalHead) else next(
         m.bias for m in model.modules() if isinstance(m, nn.Linear))
-    for (name, p), q in zip(model.named_parameters(), baseline.parameters()):
+    for (name, p), q, r in zip(model.named_parameters(), baseline.parameters(), exact.parameters()):
         if p is linear_bias:
             assert_cancelled_bias_grad(p.grad, q.grad, name)
         else:
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+            # Against float64, as accurate as eager fp32 (within 2x) or the fp32 contract (1e-5). Not
+            # element by element against eager: BatchNorm's backward cancels terms of the gradient's
+            # size, so an element near 0 carries both implementations' rounding (up to ~1e-5 here)
+            # at a relative size of 1e-3.
+            assert rel_err(p.grad, r.grad) <= max(2 * rel_err(q.grad, r.grad), TOL[torch.float32]), name
     for (name, a), b in zip(model.state_dict().items(), baseline.state_dict().values()):
         # running statistics, num_batches_tracked
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
