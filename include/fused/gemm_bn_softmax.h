@@ -10,6 +10,9 @@
 //       (GemmPath::kGeneric); cuda::choose_path() decides
 //   [2] finalize: partials -> mean, invstd, running-stat update, folded per-column affine map
 //   [3] row softmax: out = softmax(a * (y - shift) + c), and each row's log-normaliser for the backward
+// On the sm90 path, problems whose 64x64 output tiles all fit on the GPU at once (N = 512 at M = 1024)
+// run [1], [2] and [3] as one kernel, with a grid-wide barrier after each of [1] and [2]'s column part
+// (src/kernels/sm90/one_kernel_forward_sm90.h): y never leaves the SMs but to be kept.
 // On request, for small K when y is not kept (GemmPath::kRecompute), y is never written: [1]
 // becomes a pass that recomputes y's tiles for their column partials, and [3] two more passes that
 // recompute them for the rows' (max, sum) and for out (src/kernels/recompute/recompute.h).
@@ -31,8 +34,9 @@ struct ForwardProblem {
   ElementType dtype = ElementType::kFloat32;      // of x, W, bias: the GEMM's input type
   ElementType out_dtype = ElementType::kFloat32;  // of out (autocast asks for fp32 out of a 16-bit GEMM)
   MatmulPrecision precision = MatmulPrecision::kHighest;  // fp32 only
-  // false: the caller does not need y (no backward will read it). Then y may be null for the
-  // recompute path (GemmPath::kRecompute), which never writes y; the other paths still need one.
+  // false: the caller does not need y (no backward will read it). Then y may be null where the forward
+  // never writes it (cuda::forward_needs_y_scratch): the recompute path (GemmPath::kRecompute), and the
+  // sm90 path's one-kernel form; the other forms still need one.
   bool keep_y = true;
 };
 
@@ -148,6 +152,11 @@ enum class PathRequest : int { kAuto = 0, kSm90 = 1, kGeneric = 2, kRecompute = 
 constexpr int64_t kExactFp32MaxBatch = 16;
 Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& device,
                    PathRequest request, GemmPath* path);
+
+// Whether forward() on `path` needs a y buffer although y is not kept (keep_y = false): its steps write y
+// and read it back. The recompute path and the sm90 path's one-kernel form (every 64x64 output tile
+// resident at once) never write y when it is not kept: they take a null y.
+bool forward_needs_y_scratch(const ForwardProblem& p, GemmPath path);
 
 // Device workspace for forward(); 256-byte aligned pointer expected. Each region 256-byte aligned:
 //   partials mean + M2   2 * ceil(M / row_tile) * ld floats  (sm90: row_tile 256, or 128 for grids

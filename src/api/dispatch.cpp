@@ -134,9 +134,10 @@ Status recompute_can_implement(const ForwardProblem& p, const ForwardBuffers& b,
 }
 
 Status y_given(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path) {
-  if (path == GemmPath::kRecompute || p.keep_y || p.M == 0 || p.N == 0 || b.y != nullptr) return Status::Ok();
+  if (p.keep_y || b.y != nullptr || !forward_needs_y_scratch(p, path)) return Status::Ok();
   return {StatusCode::kInvalidArgument,
-          "y is null (keep_y = false) but the sm90 and generic paths write y: pass a y, or run the recompute path"};
+          "y is null (keep_y = false) but this forward writes y and reads it back (the sm90 path's three "
+          "kernels, or the generic path): pass a y, or run the recompute path"};
 }
 
 Status device_properties(int device, DeviceProperties* out) {

@@ -16,7 +16,8 @@ Status generic_can_implement(const ForwardProblem& p);
 // Whether the recompute path takes this problem on `device` (keep_y false, small K, cc >= 8.0, 16-byte
 // rules for x and W; null buffers count as fresh allocations). kNotSupported + reason.
 Status recompute_can_implement(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& device);
-// Whether a path that writes y has a y to write: keep_y, or a caller-given y. kInvalidArgument + reason.
+// Whether a forward that writes y has a y to write: keep_y, a caller-given y, or a forward that never
+// writes y when it is not kept (forward_needs_y_scratch). kInvalidArgument + reason.
 Status y_given(const ForwardProblem& p, const ForwardBuffers& b, GemmPath path);
 
 }  // namespace fused::cuda

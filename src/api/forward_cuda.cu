@@ -3,6 +3,9 @@
 // host synchronisation, no allocation.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "api/dispatch.h"
 #include "api/forward_steps.h"
 #include "fused/gemm_bn_softmax.h"
@@ -12,6 +15,7 @@
 #include "util/nvtx.h"
 #if defined(FUSED_WITH_SM90)
 #include "kernels/sm90/gemm_stats_sm90.h"
+#include "kernels/sm90/one_kernel_forward_sm90.h"
 #endif
 
 namespace fused::cuda {
@@ -34,16 +38,47 @@ Status sm90_tile(const ForwardProblem& p, sm90::Sm90Tile& tile) {
 }
 #endif
 
-// Partials geometry of a path.
-Status partials_geometry(const ForwardProblem& p, GemmPath path, ColumnStatsPartials& g) {
+// How the forward runs on its path: the three steps as kernels of their own, or (sm90, problems whose
+// 64x64 tiles all fit on the GPU at once) the whole forward as one kernel. gemm_column_moments always
+// runs the three-step form's [1].
+enum class Form { kSteps, kOneKernel };
+
+// The one-kernel form where the problem allows it. FUSED_DISABLE_ONE_KERNEL=1 in the environment (read
+// once) turns it off, for A/B timing.
+Form forward_form(const ForwardProblem& p, GemmPath path) {
+#if defined(FUSED_WITH_SM90)
+  static const bool disabled = [] {
+    const char* v = std::getenv("FUSED_DISABLE_ONE_KERNEL");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  if (disabled || path != GemmPath::kSm90 || p.precision == MatmulPrecision::k3xTF32) return Form::kSteps;
+  int device = 0;
+  DeviceProperties props;
+  if (cudaGetDevice(&device) != cudaSuccess || !device_properties(device, &props).ok()) {
+    (void)cudaGetLastError();
+    return Form::kSteps;
+  }
+  return sm90::one_kernel_forward_fits(p.M, p.N, p.K, int(element_size(p.dtype)), props.multiprocessor_count)
+             ? Form::kOneKernel
+             : Form::kSteps;
+#else
+  (void)p, (void)path;
+  return Form::kSteps;
+#endif
+}
+
+// Partials geometry of a path and form.
+Status partials_geometry(const ForwardProblem& p, GemmPath path, Form form, ColumnStatsPartials& g) {
   g = ColumnStatsPartials{};
 #if defined(FUSED_WITH_SM90)
   if (path == GemmPath::kSm90) {
     sm90::Sm90Tile tile = sm90::Sm90Tile::k256x128;
     FUSED_RETURN_IF_ERROR(sm90_tile(p, tile));
-    g.row_tile = sm90::partials_row_tile(tile);
+    g.row_tile = form == Form::kOneKernel ? sm90::kOneKernelTile : sm90::partials_row_tile(tile);
     g.ld = sm90::partials_ld(p.N);
   }
+#else
+  (void)form;
 #endif
   if (path == GemmPath::kGeneric || path == GemmPath::kRecompute) {
     g.row_tile = 128;  // the generic partials kernel's and the recompute tile's rows
@@ -64,9 +99,12 @@ Status gemm_args(const ForwardProblem& p, const ForwardBuffers& b, sm90::GemmSta
 }
 #endif
 
-// The path's own GEMM workspace (after the partials and the folded map).
-std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, bool include_cublaslt_workspace) {
+// The path's own GEMM workspace (after the partials and the folded map); the one-kernel form's is its
+// rows' (max, sum) per column tile.
+std::size_t gemm_bytes(const ForwardProblem& p, GemmPath path, Form form, bool include_cublaslt_workspace) {
 #if defined(FUSED_WITH_SM90)
+  if (path == GemmPath::kSm90 && form == Form::kOneKernel)
+    return align_up(sizeof(float) * static_cast<std::size_t>(sm90::one_kernel_row_parts_floats(p.M, p.N)));
   if (path == GemmPath::kSm90) {
     sm90::GemmStatsArgs a;
     if (!gemm_args(p, ForwardBuffers{}, a).ok()) return 0;
@@ -109,11 +147,21 @@ Status generic_gemm(const ForwardProblem& p, const ForwardBuffers& b, char* gemm
 
 }  // namespace
 
-std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include_cublaslt_workspace) {
+namespace {
+std::size_t form_workspace_bytes(const ForwardProblem& p, GemmPath path, Form form, bool include_cublaslt_workspace) {
   ColumnStatsPartials g;
-  if (!partials_geometry(p, path, g).ok()) return 0;
+  if (!partials_geometry(p, path, form, g).ok()) return 0;
   return 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +
-         2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) + gemm_bytes(p, path, include_cublaslt_workspace);
+         2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) +
+         gemm_bytes(p, path, form, include_cublaslt_workspace);
+}
+}  // namespace
+
+// Enough for forward() and for gemm_column_moments(), whichever form forward() runs.
+std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include_cublaslt_workspace) {
+  const std::size_t steps = form_workspace_bytes(p, path, Form::kSteps, include_cublaslt_workspace);
+  if (forward_form(p, path) == Form::kSteps) return steps;
+  return std::max(steps, form_workspace_bytes(p, path, Form::kOneKernel, include_cublaslt_workspace));
 }
 
 namespace {
@@ -126,11 +174,11 @@ struct WorkspaceRegions {
   std::size_t gemm_size = 0;
 };
 
-Status carve(const ForwardProblem& p, GemmPath path, float* save_mean, void* workspace, std::size_t workspace_size,
-             std::size_t needed, WorkspaceRegions& w) {
+Status carve(const ForwardProblem& p, GemmPath path, Form form, float* save_mean, void* workspace,
+             std::size_t workspace_size, std::size_t needed, WorkspaceRegions& w) {
   if (workspace_size < needed || (reinterpret_cast<uintptr_t>(workspace) % kAlign) != 0)
     return {StatusCode::kInvalidArgument, "workspace too small or not 256-byte aligned (workspace_bytes)"};
-  FUSED_RETURN_IF_ERROR(partials_geometry(p, path, w.partials));
+  FUSED_RETURN_IF_ERROR(partials_geometry(p, path, form, w.partials));
   auto* cursor = static_cast<char*>(workspace);
   auto take = [&](std::size_t bytes) {
     char* ptr = cursor;
@@ -214,6 +262,30 @@ Status gemm_and_partials(const ForwardProblem& p, const ForwardBuffers& b, GemmP
   return column_partials(b.y, b.ldy, p.M, p.N, w.partials, stream);
 }
 
+// [1], [2] and [3] as one kernel (sm90, Form::kOneKernel): it also counts the batch.
+Status one_kernel_forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
+                          const WorkspaceRegions& w, cudaStream_t stream) {
+#if defined(FUSED_WITH_SM90)
+  util::NvtxRange range("fused::one_kernel_forward_sm90");
+  sm90::OneKernelForwardArgs a;
+  FUSED_RETURN_IF_ERROR(gemm_args(p, b, a.gemm));
+  if (!p.keep_y) a.gemm.y = nullptr;  // nothing reads it: the one kernel need not write it
+  if (bn.uses_batch_stats()) a.gemm.partials = w.partials;
+  a.bn = bn;
+  a.save_mean = b.save_mean;
+  a.save_invstd = b.save_invstd;
+  a.out = b.out;
+  a.ldo = b.ldo;
+  a.out_dtype = p.out_dtype;
+  a.row_lse = b.row_lse;
+  a.row_parts = reinterpret_cast<float*>(w.gemm);
+  return sm90::run_one_kernel_forward(p.dtype, a, stream);
+#else
+  (void)p, (void)b, (void)bn, (void)w, (void)stream;
+  return {StatusCode::kNotSupported, "this build has no sm90 kernels"};
+#endif
+}
+
 // [2] and [3].
 Status finalize_and_softmax(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
                             const WorkspaceRegions& w, cudaStream_t stream) {
@@ -235,11 +307,13 @@ Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNorm
     return {StatusCode::kInvalidArgument, "forward: data-parallel statistics go through gemm_column_moments and "
                                           "forward_from_y"};
   FUSED_RETURN_IF_ERROR(check_path(p, b, path));
+  const Form form = p.M > 0 && p.N > 0 ? forward_form(p, path) : Form::kSteps;
   WorkspaceRegions w;
-  FUSED_RETURN_IF_ERROR(carve(p, path, b.save_mean, workspace, workspace_size,
+  FUSED_RETURN_IF_ERROR(carve(p, path, form, b.save_mean, workspace, workspace_size,
                               workspace_bytes(p, path, b.cublaslt_workspace == nullptr), w));
   if (p.N == 0) return count_batch(bn.batch_counter(), stream);
   if (path == GemmPath::kRecompute) return recompute_forward(p, b, bn, w, stream);
+  if (form == Form::kOneKernel) return one_kernel_forward(p, b, bn, w, stream);
   FUSED_RETURN_IF_ERROR(gemm_and_partials(p, b, path, w, bn.uses_batch_stats(), stream));
   return finalize_and_softmax(p, b, bn, w, stream);
 }
@@ -252,11 +326,19 @@ Status gemm_column_moments(const ForwardProblem& p, const ForwardBuffers& b, Gem
     return {StatusCode::kNotSupported, "gemm_column_moments writes y: the recompute path does not apply"};
   FUSED_RETURN_IF_ERROR(check_path(p, b, path));
   WorkspaceRegions w;
-  FUSED_RETURN_IF_ERROR(carve(p, path, b.save_mean, workspace, workspace_size,
-                              workspace_bytes(p, path, b.cublaslt_workspace == nullptr), w));
+  FUSED_RETURN_IF_ERROR(carve(p, path, Form::kSteps, b.save_mean, workspace, workspace_size,
+                              form_workspace_bytes(p, path, Form::kSteps, b.cublaslt_workspace == nullptr), w));
   if (p.N > 0) FUSED_RETURN_IF_ERROR(gemm_and_partials(p, b, path, w, /*with_partials=*/true, stream));
   util::NvtxRange range("fused::column_moments");
   return column_moments(w.partials, p.M, p.N, record, stream);
+}
+
+bool forward_runs_one_kernel(const ForwardProblem& p, GemmPath path) {
+  return p.M > 0 && p.N > 0 && forward_form(p, path) == Form::kOneKernel;
+}
+
+bool forward_needs_y_scratch(const ForwardProblem& p, GemmPath path) {
+  return !p.keep_y && p.M > 0 && p.N > 0 && path != GemmPath::kRecompute && !forward_runs_one_kernel(p, path);
 }
 
 std::size_t forward_from_y_workspace_bytes(const ForwardProblem& p) {
@@ -271,7 +353,7 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
   no_gemm.K = 0;  // the GEMM is done: x and W are not read
   FUSED_RETURN_IF_ERROR(validate(no_gemm, b, bn));
   WorkspaceRegions w;
-  FUSED_RETURN_IF_ERROR(carve(no_gemm, GemmPath::kGeneric, b.save_mean, workspace, workspace_size,
+  FUSED_RETURN_IF_ERROR(carve(no_gemm, GemmPath::kGeneric, Form::kSteps, b.save_mean, workspace, workspace_size,
                               forward_from_y_workspace_bytes(p), w));
   if (p.N == 0) return count_batch(bn.batch_counter(), stream);
   if (bn.uses_batch_stats() && bn.rank_moments == nullptr && p.M > 0) {

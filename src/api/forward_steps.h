@@ -20,6 +20,9 @@ void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const Column
 }  // namespace cpu
 
 namespace cuda {
+// Whether forward() runs this problem on `path` as one kernel (sm90, every 64x64 output tile resident at
+// once: kernels/sm90/one_kernel_forward_sm90.h) rather than as its steps [1], [2], [3].
+bool forward_runs_one_kernel(const ForwardProblem& p, GemmPath path);
 // y[i, :] = bias (bias_dtype) for i < M. The generic path uses it for a 16-bit bias (cuBLASLt's bias
 // epilogue reads the bias in y's type, fp32: one row into the workspace) and for K = 0 (y = bias).
 Status bias_rows(const void* bias, ElementType bias_dtype, float* y, int64_t ldy, int64_t M, int64_t N,

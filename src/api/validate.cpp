@@ -16,7 +16,7 @@ Status validate_linear(const ForwardProblem& p, const ForwardBuffers& b) {
   if (p.M > 0 && p.K > 0 && (b.x == nullptr || b.ldx < p.K)) return invalid("x: null or row stride < K");
   if (p.N > 0 && p.K > 0 && (b.weight == nullptr || b.ldw < p.K))
     return invalid("weight: null or row stride < K");
-  // y may be null only when it is not kept (then only the recompute path runs: cuda::y_given).
+  // y may be null only when it is not kept, for a forward that never writes it then (cuda::y_given).
   if (p.M > 0 && p.N > 0 && (p.keep_y || b.y != nullptr) && (b.y == nullptr || b.ldy < p.N))
     return invalid("y: null or row stride < N");
   if (p.precision != MatmulPrecision::kHighest && p.dtype != ElementType::kFloat32)

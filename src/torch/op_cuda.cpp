@@ -164,7 +164,7 @@ Outputs gemm_bn_softmax_cuda(const OpArgs& a) {
   use_torch_cublaslt_workspace(path, b);
   // One allocation holds the workspace and, when y is not kept, the y the path writes (a scratch
   // buffer alive until the kernels are queued): each allocation costs host time on every call.
-  const bool y_scratch = path != cuda::GemmPath::kRecompute && !a.keep_y;
+  const bool y_scratch = cuda::forward_needs_y_scratch(p, path);
   constexpr int64_t kAlign = 256;
   const int64_t y_bytes = y_scratch ? (a.M() * a.N() * int64_t{sizeof(float)} + kAlign - 1) / kAlign * kAlign : 0;
   const std::size_t ws_bytes = cuda::workspace_bytes(p, path, b.cublaslt_workspace == nullptr);

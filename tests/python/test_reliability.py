@@ -22,8 +22,10 @@ def _call(mod, x, path):
 
 
 # (256, 136, 4096): four 128x128 tiles, whose K loop (64 k-tiles of bf16) sm90 splits over 4 CTAs (a
-# memset of the split-K counters before the GEMM, inside the graph too).
-SHAPES = [pytest.param((256, 136, 64), id="256x136x64"), pytest.param((256, 136, 4096), id="split_k")]
+# memset of the split-K counters before the GEMM, inside the graph too). (1024, 512, 1024): 128 tiles
+# of 64x64, which sm90 runs as one cooperative kernel with grid-wide barriers (on a GPU of 66 to 264 SMs).
+SHAPES = [pytest.param((256, 136, 64), id="256x136x64"), pytest.param((256, 136, 4096), id="split_k"),
+          pytest.param((1024, 512, 1024), id="one_kernel")]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -57,10 +59,11 @@ def test_cuda_graph_replay_updates_running_stats(path, momentum, shape):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("k", [64, 4096], ids=["k64", "split_k"])
-def test_no_host_synchronisation(path, k):
-    ref, ref64, fused = make_models(k, 72, torch.bfloat16, "cuda", momentum=None)
-    x = torch.rand(100, k, device="cuda").to(torch.bfloat16)
+@pytest.mark.parametrize("m, n, k", [(100, 72, 64), (100, 72, 4096), (1024, 512, 256)],
+                         ids=["k64", "split_k", "one_kernel"])
+def test_no_host_synchronisation(path, m, n, k):
+    ref, ref64, fused = make_models(k, n, torch.bfloat16, "cuda", momentum=None)
+    x = torch.rand(m, k, device="cuda").to(torch.bfloat16)
     with torch.no_grad():
         _call(fused, x, path)  # first call: lazy initialisation may synchronise
         torch.cuda.synchronize()
@@ -115,12 +118,15 @@ def test_compile_reduce_overhead():
         assert rel_err(fused.bn.running_var, ref64.bn.running_var) <= 2e-6, step
 
 
-def test_two_threads_on_their_own_streams():
+# (1024, 512): 128 tiles of 64x64, the sm90 path's one cooperative kernel (on a Hopper GPU of 66 to 264
+# SMs): two of them in flight at once on two streams must neither deadlock nor change a bit.
+@pytest.mark.parametrize("m, n", [(300, 200), (1024, 512)], ids=["300x200", "one_kernel"])
+def test_two_threads_on_their_own_streams(m, n):
     import threading
 
     torch.manual_seed(7)
-    x = torch.rand(300, 128, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(200, 128, device="cuda", dtype=torch.bfloat16) * 0.1
+    x = torch.rand(m, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, 128, device="cuda", dtype=torch.bfloat16) * 0.1
     want = gbs.gemm_bn_softmax(x, w, None)
     torch.cuda.synchronize()
     results, errors = {}, []

@@ -81,25 +81,22 @@ FUSED_HD double running_stat_factor(const BatchNormArgs& bn) {
   return bn.momentum < 0.0 ? 1.0 / (static_cast<double>(*bn.num_batches_tracked) + 1.0) : bn.momentum;
 }
 
-// Finalizes column `col`: picks batch or running statistics, updates the running statistics
-// (biased variance for normalisation, unbiased M/(M-1) for the running estimate, as PyTorch),
-// writes the saved invstd and the folded affine map.
-// The count is the batch's (batch.n: this call's rows, or all ranks' with bn.rank_moments).
-FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, const BatchNormArgs& bn, float* save_invstd,
-                              const ColumnAffine& out) {
+// The statistics a column is normalised with, and the folded map z = a (y - shift) + c.
+struct ColumnMap {
+  float shift = 0.f, a = 0.f, c = 0.f, invstd = 0.f;
+};
+
+// Column `col`'s map, without side effects: batch statistics (batch.n rows: this call's, or all
+// ranks' with bn.rank_moments) or the running ones, by nn.BatchNorm1d's rule. Reads the running
+// statistics only when it normalises with them (eval), so a caller may compute it concurrently with
+// update_running_stats on the same column in training.
+FUSED_HD ColumnMap column_map(int64_t col, const MeanM2& batch, const BatchNormArgs& bn) {
   using half_bits::load;
   const ElementType pt = bn.param_dtype;
   double mean, var;
   if (bn.uses_batch_stats()) {
     mean = batch.mean;
-    const double n = batch.n;
-    var = n > 0.0 ? batch.m2 / n : 0.0;
-    if (bn.running_mean != nullptr && n > 0.0) {  // an empty batch leaves them alone (as eager)
-      const double f = running_stat_factor(bn);
-      const double unbiased = n > 1.0 ? var * n / (n - 1.0) : var;
-      half_bits::store(bn.running_mean, pt, col, static_cast<float>((1.0 - f) * load(bn.running_mean, pt, col) + f * mean));
-      half_bits::store(bn.running_var, pt, col, static_cast<float>((1.0 - f) * load(bn.running_var, pt, col) + f * unbiased));
-    }
+    var = batch.n > 0.0 ? batch.m2 / batch.n : 0.0;
   } else {
     mean = load(bn.running_mean, pt, col);
     var = load(bn.running_var, pt, col);
@@ -108,10 +105,39 @@ FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, const BatchNormA
   const double s = load(bn.scale, bn.scale_dtype, bn.scale_numel == 1 ? 0 : col);
   const double g = bn.gamma != nullptr ? static_cast<double>(load(bn.gamma, pt, col)) : 1.0;
   const double b = bn.beta != nullptr ? static_cast<double>(load(bn.beta, pt, col)) : 0.0;
-  out.shift[col] = static_cast<float>(mean);
-  out.a[col] = static_cast<float>(s * g * invstd);
-  out.c[col] = static_cast<float>(s * b);
-  save_invstd[col] = static_cast<float>(invstd);
+  ColumnMap m;
+  m.shift = static_cast<float>(mean);
+  m.a = static_cast<float>(s * g * invstd);
+  m.c = static_cast<float>(s * b);
+  m.invstd = static_cast<float>(invstd);
+  return m;
+}
+
+// Moves column `col`'s running statistics towards the batch's (biased variance for normalisation,
+// unbiased M/(M-1) for the running estimate, as PyTorch), where batch statistics are used and running
+// statistics exist; an empty batch leaves them alone (as eager). Exactly once per column and call.
+FUSED_HD void update_running_stats(int64_t col, const MeanM2& batch, const BatchNormArgs& bn) {
+  using half_bits::load;
+  if (!bn.updates_running_stats() || batch.n <= 0.0) return;
+  const ElementType pt = bn.param_dtype;
+  const double n = batch.n;
+  const double var = batch.m2 / n;
+  const double f = running_stat_factor(bn);
+  const double unbiased = n > 1.0 ? var * n / (n - 1.0) : var;
+  half_bits::store(bn.running_mean, pt, col, static_cast<float>((1.0 - f) * load(bn.running_mean, pt, col) + f * batch.mean));
+  half_bits::store(bn.running_var, pt, col, static_cast<float>((1.0 - f) * load(bn.running_var, pt, col) + f * unbiased));
+}
+
+// Finalizes column `col`: the running-statistics update, the saved invstd and the folded affine map.
+// The count is the batch's (batch.n: this call's rows, or all ranks' with bn.rank_moments).
+FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, const BatchNormArgs& bn, float* save_invstd,
+                              const ColumnAffine& out) {
+  const ColumnMap m = column_map(col, batch, bn);  // before the update: eval reads the running statistics
+  update_running_stats(col, batch, bn);
+  out.shift[col] = m.shift;
+  out.a[col] = m.a;
+  out.c[col] = m.c;
+  save_invstd[col] = m.invstd;
 }
 
 // The softmax logit of one element: z = a * (y - shift) + c.

@@ -41,27 +41,13 @@
 #include "kernels/common/block_reduce.cuh"
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/cluster.cuh"
+#include "kernels/common/out_convert.cuh"
 #include "kernels/common/pdl.cuh"
 #include "util/cuda_check.h"
 #include "util/device_info.h"
 
 namespace fused::cuda {
 namespace {
-
-template <class T>
-struct OutConvert;
-template <>
-struct OutConvert<float> {
-  __device__ static float cvt(float v) { return v; }
-};
-template <>
-struct OutConvert<__nv_bfloat16> {
-  __device__ static __nv_bfloat16 cvt(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct OutConvert<__half> {
-  __device__ static __half cvt(float v) { return __float2half_rn(v); }
-};
 
 using util::block_reduce;
 

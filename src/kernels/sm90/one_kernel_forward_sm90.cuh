@@ -1,0 +1,381 @@
+// Launch template of the one-kernel forward (one_kernel_forward_sm90.h for what it computes). Included
+// by one TU per input element type: one_kernel_forward_sm90_{bf16,fp16,tf32}.cu.
+//
+// The kernel layer is the library's; the K loop is CUTLASS's sm90 collective (TMA loads into a ring of
+// shared-memory stages, wgmma from shared memory), driven as CUTLASS's non-persistent warp-specialised
+// kernel drives it: warp 0 of the producer warpgroup loads, the consumer warpgroup multiplies. After
+// the K loop the tile goes to shared memory (the stages are free by then) and stays there until out
+// is written. The grid-wide barriers are cooperative groups' grid sync, which needs a cooperative
+// launch: the launch fails rather than deadlocks if the grid does not fit on the GPU at once.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/pipeline/pipeline.hpp"
+
+#include "fused/detail/bn_math.h"
+#include "kernels/common/out_convert.cuh"
+#include "kernels/sm90/one_kernel_forward_sm90.h"
+#include "util/cuda_check.h"
+#include "util/device_info.h"
+
+namespace fused::sm90::detail {
+
+using namespace cute;
+
+// ElementIn: cutlass::bfloat16_t, cutlass::half_t, or float (TF32 tensor cores).
+template <class ElementIn>
+struct OneKernelForward {
+  static constexpr int kTile = int(kOneKernelTile);
+  // 6 stages of 16 KiB (a 64x64 tile of each operand, 128 bytes of K) leave room for two CTAs per SM.
+  static constexpr int kStages = 6;
+  static constexpr int kConsumerThreads = 128;
+  static constexpr int kThreads = 256;  // the producer warpgroup, then the consumer warpgroup
+  using TileShape = Shape<Int<kTile>, Int<kTile>, Int<128 / int(sizeof(ElementIn))>>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<ElementIn>::value;  // 16-byte TMA rows
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      ElementIn, cutlass::layout::RowMajor, kAlignment,     // x (M, K): K-major
+      ElementIn, cutlass::layout::ColumnMajor, kAlignment,  // W (N, K) row-major: K-major
+      float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<kStages>,
+      cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  using StrideA = typename Mainloop::StrideA;
+  using StrideB = typename Mainloop::StrideB;
+  static_assert(cute::size(TiledMma{}) == kConsumerThreads, "one consumer warpgroup");
+
+  struct SharedStorage {
+    union Tensors {
+      typename Mainloop::TensorStorage mainloop;  // first: the TMA stages want the base's alignment
+      float tile[kTile][kTile + 1];               // after the K loop: y, then z, then out (odd stride: no bank conflicts)
+    } tensors;
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+    float half_column[2][kTile];  // each column's two half-column sums
+    float shift[kTile], a[kTile], c[kTile];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    int M = 0, N = 0, K = 0;
+    const ElementIn* bias = nullptr;
+    float* y = nullptr;
+    int64_t ldy = 0;
+    ColumnStatsPartials partials;
+    BatchNormArgs bn;
+    float* save_mean = nullptr;
+    float* save_invstd = nullptr;
+    void* out = nullptr;
+    int64_t ldo = 0;
+    ElementType out_dtype = ElementType::kFloat32;
+    bool out_vectors = false;  // out 16-byte aligned and ldo % 4 == 0: 4 columns per store
+    float* row_lse = nullptr;
+    float* row_max = nullptr;  // [column tile][M]
+    float* row_sum = nullptr;  // [column tile][M]
+  };
+};
+
+// The consumer warpgroup's own barrier (ids 0-7 are CUTLASS's).
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 8, 128;" ::: "memory"); }
+
+template <class TOut>
+__device__ __forceinline__ void store_out4(void* out, int64_t offset, const float (&v)[4], bool vectors) {
+  TOut* o = static_cast<TOut*>(out) + offset;
+  if (vectors) {
+    if constexpr (sizeof(TOut) == 4) {
+      *reinterpret_cast<float4*>(o) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      union { TOut h[4]; uint2 u; } pack;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pack.h[j] = cuda::OutConvert<TOut>::cvt(v[j]);
+      *reinterpret_cast<uint2*>(o) = pack.u;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = cuda::OutConvert<TOut>::cvt(v[j]);
+  }
+}
+
+template <class Op>
+__global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
+    one_kernel_forward_kernel(const __grid_constant__ typename Op::Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Mainloop = typename Op::Mainloop;
+  using Pipeline = typename Op::Pipeline;
+  constexpr int kTile = Op::kTile;
+  extern __shared__ char smem_raw[];
+  auto& s = *reinterpret_cast<typename Op::SharedStorage*>(smem_raw);
+  auto grid = cooperative_groups::this_grid();
+
+  const int thread = int(threadIdx.x);
+  const bool consumer = thread >= Op::kConsumerThreads;
+  const int t = thread % Op::kConsumerThreads;  // index within the warpgroup
+  const bool loader = !consumer && thread < 32;  // warp 0 of the producer warpgroup
+  const int m_tile = int(blockIdx.x), n_tile = int(blockIdx.y);
+  const int row0 = m_tile * kTile, col0 = n_tile * kTile;
+  const int rows = min(kTile, p.M - row0);  // valid rows and columns of this tile (>= 1)
+  const int cols = min(kTile, p.N - col0);
+  const bool batch_stats = p.bn.uses_batch_stats();
+
+  // [1] The tile's product, as CUTLASS's KernelTmaWarpSpecialized kernel runs its collective.
+  if (thread == 0) Mainloop::prefetch_tma_descriptors(p.mainloop);
+  typename Pipeline::Params pipeline_params;
+  if (loader) pipeline_params.role = Pipeline::ThreadCategory::Producer;
+  if (consumer) pipeline_params.role = Pipeline::ThreadCategory::Consumer;
+  pipeline_params.is_leader = t == 0;
+  pipeline_params.num_consumers = Op::kConsumerThreads;
+  pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(s.pipeline, pipeline_params, typename Op::ClusterShape{});
+  __syncthreads();  // the pipeline's barriers are initialised before anyone uses them
+
+  Mainloop mainloop;
+  auto problem = make_shape(p.M, p.N, p.K, 1);
+  auto load_inputs = mainloop.load_init(problem, p.mainloop);
+  Tensor gA_mkl = get<0>(load_inputs);
+  const int k_tiles = int(size<3>(gA_mkl));
+  typename Op::TiledMma tiled_mma;
+  Tensor acc = partition_fragment_C(tiled_mma, take<0, 2>(typename Op::TileShape{}));  // (MMA, MMA_M, MMA_N)
+
+  if (loader) {
+    auto write_state = cutlass::make_producer_start_state<Pipeline>();
+    mainloop.load(p.mainloop, pipeline, write_state, load_inputs, make_coord(m_tile, n_tile, _, 0),
+                  cute::make_coord_iterator(shape<3>(gA_mkl)), k_tiles, thread, 0u, s.tensors.mainloop);
+    write_state.advance(k_tiles);
+    mainloop.load_tail(pipeline, write_state);
+  } else if (consumer) {
+    typename Op::PipelineState read_state;
+    mainloop.mma(pipeline, read_state, acc, k_tiles, t, s.tensors.mainloop, p.mainloop);
+    mainloop.mma_tail(pipeline, read_state, k_tiles);
+    // Every stage was waited for and read, so no TMA write is in flight: the stages' memory is free.
+    consumer_sync();
+    Tensor coord = tiled_mma.get_thread_slice(t).partition_C(make_identity_tensor(take<0, 2>(typename Op::TileShape{})));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < int(size(acc)); ++i) {
+      const int r = get<0>(coord(i)), c = get<1>(coord(i));
+      const float bias = p.bias != nullptr && c < cols ? static_cast<float>(p.bias[col0 + c]) : 0.f;
+      s.tensors.tile[r][c] = acc(i) + bias;
+    }
+    consumer_sync();
+    if (p.y != nullptr) {  // coalesced, 4 columns a store (N % 4 == 0: a group is all in or all out)
+      for (int v = t; v < kTile * kTile / 4; v += Op::kConsumerThreads) {
+        const int r = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
+        if (r < rows && c < cols) {
+          const float* e = &s.tensors.tile[r][c];
+          *reinterpret_cast<float4*>(p.y + int64_t(row0 + r) * p.ldy + col0 + c) = make_float4(e[0], e[1], e[2], e[3]);
+        }
+      }
+    }
+    if (batch_stats) {  // the tile's column partials: mean, then M2 about it (two passes over shared memory)
+      const int c = t % kTile, half = t / kTile;
+      const int r_end = min(half * (kTile / 2) + kTile / 2, rows);
+      float sum = 0.f;
+      for (int r = half * (kTile / 2); r < r_end; ++r) sum += s.tensors.tile[r][c];
+      s.half_column[half][c] = sum;
+      consumer_sync();
+      const float mean = (s.half_column[0][c] + s.half_column[1][c]) / float(rows);
+      float m2 = 0.f;
+      for (int r = half * (kTile / 2); r < r_end; ++r) {
+        const float d = s.tensors.tile[r][c] - mean;
+        m2 = fmaf(d, d, m2);
+      }
+      consumer_sync();  // both halves' sums are read before they are overwritten
+      s.half_column[half][c] = m2;
+      consumer_sync();
+      if (half == 0) {
+        const int64_t slot = int64_t(m_tile) * p.partials.ld + col0 + c;
+        p.partials.mean[slot] = mean;
+        p.partials.m2[slot] = s.half_column[0][c] + s.half_column[1][c];
+      }
+    }
+  }
+
+  if (batch_stats) grid.sync();  // every tile's partials are written
+
+  // [2] This CTA's columns: statistics and the folded map; then its rows' max and sum over its columns.
+  const int r = t / 2, half = t % 2;  // in [2]'s row part and in [3]: row r, columns half * 32 ..
+  if (consumer) {
+    if (t < kTile) {
+      const int64_t col = int64_t(col0) + t;
+      fused::detail::ColumnMap map;
+      if (t < cols) {
+        const fused::detail::MeanM2 stats =
+            batch_stats ? fused::detail::merge_column_partials(p.partials, p.M, col) : fused::detail::MeanM2{};
+        map = fused::detail::column_map(col, stats, p.bn);
+        if (m_tile == 0) {  // once per column
+          fused::detail::update_running_stats(col, stats, p.bn);
+          p.save_mean[col] = map.shift;
+          p.save_invstd[col] = map.invstd;
+        }
+      }
+      s.shift[t] = map.shift;
+      s.a[t] = map.a;
+      s.c[t] = map.c;
+    }
+    consumer_sync();
+    float mx = -INFINITY;
+    for (int j = 0; j < kTile / 2; ++j) {
+      const int c = half * (kTile / 2) + j;
+      const float z = c < cols ? fused::detail::bn_logit(s.tensors.tile[r][c], s.shift[c], s.a[c], s.c[c]) : -INFINITY;
+      s.tensors.tile[r][c] = z;
+      mx = fmaxf(mx, z);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    float sum = 0.f;
+    if (mx != -INFINITY) {  // all -inf: the sum stays 0 instead of exp(nan)
+      for (int j = 0; j < kTile / 2; ++j) sum += expf(s.tensors.tile[r][half * (kTile / 2) + j] - mx);
+    }
+    const float other = __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum = half == 0 ? sum + other : other + sum;  // the same order in both lanes
+    if (half == 0 && r < rows) {
+      p.row_max[int64_t(n_tile) * p.M + row0 + r] = mx;
+      p.row_sum[int64_t(n_tile) * p.M + row0 + r] = sum;
+    }
+  }
+
+  grid.sync();  // every tile's row parts are written; every read of num_batches_tracked is done
+
+  // [3] The rows' max and sum over all column tiles, in order; out.
+  if (consumer) {
+    const int n_tiles = int(gridDim.y);
+    float row_max = -INFINITY, row_sum = 0.f;
+    if (r < rows) {
+      const int64_t row = row0 + r;
+      for (int k = 0; k < n_tiles; ++k) row_max = fmaxf(row_max, p.row_max[int64_t(k) * p.M + row]);
+      for (int k = 0; k < n_tiles; ++k) {
+        const float m = p.row_max[int64_t(k) * p.M + row];
+        if (m != -INFINITY) row_sum += p.row_sum[int64_t(k) * p.M + row] * expf(m - row_max);
+      }
+      if (n_tile == 0 && half == 0 && p.row_lse != nullptr)
+        p.row_lse[row] = fused::detail::log_normaliser(row_max, row_sum);
+    }
+    const float inv = 1.f / row_sum;
+    for (int j = 0; j < kTile / 2; ++j) {
+      float& e = s.tensors.tile[r][half * (kTile / 2) + j];
+      e = expf(e - row_max) * inv;
+    }
+    consumer_sync();
+    for (int v = t; v < kTile * kTile / 4; v += Op::kConsumerThreads) {
+      const int rr = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
+      if (rr < rows && c < cols) {
+        const float* e = &s.tensors.tile[rr][c];
+        const float four[4] = {e[0], e[1], e[2], e[3]};
+        const int64_t offset = int64_t(row0 + rr) * p.ldo + col0 + c;
+        switch (p.out_dtype) {
+          case ElementType::kBFloat16: store_out4<__nv_bfloat16>(p.out, offset, four, p.out_vectors); break;
+          case ElementType::kFloat16: store_out4<__half>(p.out, offset, four, p.out_vectors); break;
+          default: store_out4<float>(p.out, offset, four, p.out_vectors); break;
+        }
+      }
+    }
+    int64_t* counter = p.bn.batch_counter();
+    if (counter != nullptr && m_tile == 0 && n_tile == 0 && t == 0) *counter += 1;
+  }
+#endif
+}
+
+// The largest grid the device holds at once (CTAs per SM from the occupancy calculator, times the
+// SMs), cached per device; 0 on failure. Also sets the kernel's shared-memory size, once per device.
+template <class Op>
+int one_kernel_resident_ctas(int device) {
+  return cuda::util::detail::cached_per_device(device, [](int d) {
+    auto* kernel = one_kernel_forward_kernel<Op>;
+    int sms = 0, per_sm = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Op::kSmemBytes) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Op::kThreads, Op::kSmemBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return sms * per_sm;
+  });
+}
+
+template <class ElementIn>
+Status run_one_kernel(const OneKernelForwardArgs& a, cudaStream_t stream) {
+  using Op = OneKernelForward<ElementIn>;
+  const GemmStatsArgs& g = a.gemm;
+  constexpr int64_t kIntMax = 0x7fffffff;
+  if (g.M <= 0 || g.N <= 0 || g.K <= 0) return {StatusCode::kInvalidArgument, "one-kernel forward: M, N, K must be positive"};
+  if (g.M > kIntMax || g.N > kIntMax || g.K > kIntMax)
+    return {StatusCode::kNotSupported, "one-kernel forward: M, N, K must fit in int32"};
+  if (g.x == nullptr || g.w == nullptr || a.out == nullptr || a.save_mean == nullptr || a.save_invstd == nullptr ||
+      a.row_parts == nullptr)
+    return {StatusCode::kInvalidArgument, "one-kernel forward: x, w, out, save_mean, save_invstd, row_parts must be non-null"};
+  if (g.ldx < g.K || g.ldw < g.K || (g.y != nullptr && g.ldy < g.N) || a.ldo < g.N)
+    return {StatusCode::kInvalidArgument, "one-kernel forward: leading dimension smaller than the row"};
+  if (g.K % Op::kAlignment != 0 || g.ldx % Op::kAlignment != 0 || g.ldw % Op::kAlignment != 0 ||
+      !cuda::util::aligned16(g.x) || !cuda::util::aligned16(g.w))
+    return {StatusCode::kNotSupported, "one-kernel forward: x and w 16-byte aligned, K, ldx, ldw multiples of 16 bytes (TMA)"};
+  if (g.N % 4 != 0 || (g.y != nullptr && (g.ldy % 4 != 0 || !cuda::util::aligned16(g.y))))
+    return {StatusCode::kNotSupported, "one-kernel forward: N a multiple of 4, y 16-byte aligned with ldy a multiple of 4"};
+  if (a.bn.rank_moments != nullptr)
+    return {StatusCode::kInvalidArgument, "one-kernel forward: data-parallel statistics are not taken here"};
+  const ColumnStatsPartials& pt = g.partials;
+  if (a.bn.uses_batch_stats() &&
+      (pt.mean == nullptr || pt.m2 == nullptr || pt.row_tile != kOneKernelTile ||
+       pt.ld < (g.N + kOneKernelTile - 1) / kOneKernelTile * kOneKernelTile ||
+       pt.num_row_tiles < (g.M + kOneKernelTile - 1) / kOneKernelTile))
+    return {StatusCode::kInvalidArgument, "one-kernel forward: partials must be [ceil(M / 64), >= round_up(N, 64)] with row_tile 64"};
+
+  int device = 0;
+  FUSED_RETURN_IF_ERROR(cuda::util::cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+  const dim3 grid_dim(unsigned((g.M + kOneKernelTile - 1) / kOneKernelTile),
+                      unsigned((g.N + kOneKernelTile - 1) / kOneKernelTile));
+  const int resident = one_kernel_resident_ctas<Op>(device);
+  if (resident <= 0) return {StatusCode::kCudaError, "one-kernel forward: occupancy query failed"};
+  if (int64_t(grid_dim.x) * grid_dim.y > resident)
+    return {StatusCode::kNotSupported, "one-kernel forward: the grid does not fit on the GPU at once"};
+
+  typename Op::Params p;
+  const auto* x = static_cast<const ElementIn*>(g.x);
+  const auto* w = static_cast<const ElementIn*>(g.w);
+  typename Op::StrideA stride_a = make_stride(g.ldx, _1{}, g.ldx * g.M);
+  typename Op::StrideB stride_b = make_stride(g.ldw, _1{}, g.ldw * g.N);
+  p.mainloop = Op::Mainloop::to_underlying_arguments(make_shape(int(g.M), int(g.N), int(g.K), 1),
+                                                    typename Op::Mainloop::Arguments{x, stride_a, w, stride_b}, nullptr);
+  p.M = int(g.M);
+  p.N = int(g.N);
+  p.K = int(g.K);
+  p.bias = static_cast<const ElementIn*>(g.bias);
+  p.y = g.y;
+  p.ldy = g.ldy;
+  p.partials = pt;
+  p.bn = a.bn;
+  p.save_mean = a.save_mean;
+  p.save_invstd = a.save_invstd;
+  p.out = a.out;
+  p.ldo = a.ldo;
+  p.out_dtype = a.out_dtype;
+  p.out_vectors = cuda::util::aligned16(a.out) && a.ldo % 4 == 0;
+  p.row_lse = a.row_lse;
+  p.row_max = a.row_parts;
+  p.row_sum = a.row_parts + int64_t(grid_dim.y) * g.M;
+
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeCooperative;
+  attribute[0].val.cooperative = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid_dim;
+  config.blockDim = dim3(Op::kThreads);
+  config.dynamicSmemBytes = Op::kSmemBytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cuda::util::cuda_status(cudaLaunchKernelEx(&config, one_kernel_forward_kernel<Op>, p),
+                                 "one-kernel forward: cooperative launch failed");
+}
+
+}  // namespace fused::sm90::detail
