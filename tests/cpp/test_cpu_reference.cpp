@@ -50,7 +50,7 @@ TEST_P(PartialsTest, TilesMatchFloat64) {
   }
 }
 
-// Merging the tiles (Chan, fixed order) gives the column's mean and variance. The partial means
+// Merging the tiles (fixed order) gives the column's mean and variance. The partial means
 // are stored in fp32, so the merged variance carries ~|mean|/std * 2^-24 relative error per
 // tile mean; at |mean|/std = 1e3 that bounds it near 1e-5 (eager's fp32 Welford is no better).
 TEST_P(PartialsTest, MergedVarianceMatchesFloat64) {
@@ -78,7 +78,7 @@ INSTANTIATE_TEST_SUITE_P(MeanOverStd, PartialsTest, ::testing::Values(0.0, 3.0, 
                          });
 
 // The merge is order-fixed: merging the same partials twice gives identical bits, and a naive
-// sum-of-squares would fail at |mean|/std = 1e3 where Chan's form does not.
+// sum-of-squares would fail at |mean|/std = 1e3 where the merge does not.
 TEST(Merge, DeterministicAndBetterThanSumOfSquares) {
   const int64_t M = 512, N = 4;
   const auto y = random_columns(M, N, 1e3, 3);

@@ -63,8 +63,8 @@ struct OneKernelForward {
       float tile[kTile][kTile + 1];               // after the K loop: y, then z, then out (odd stride: no bank conflicts)
     } tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
-    float half_column[2][kTile];  // each column's two half-column sums
-    float shift[kTile], a[kTile], c[kTile];
+    float half_sum[2][kTile], half_m2[2][kTile];  // each column's two half-columns' sum and M2
+    float bias[kTile], shift[kTile], a[kTile], c[kTile];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 
@@ -87,6 +87,31 @@ struct OneKernelForward {
     float* row_sum = nullptr;  // [column tile][M]
   };
 };
+
+// FUSED_ONE_KERNEL_PHASE_TIMES (a diagnostic build, never the library's): each CTA's consumer thread 0
+// records the SM clock and the global timer at the phase boundaries, for one_kernel_phase_times().
+#if defined(FUSED_ONE_KERNEL_PHASE_TIMES)
+constexpr int kPhaseStamps = 8;
+static __device__ unsigned long long g_phase_clock[1024][kPhaseStamps];
+static __device__ unsigned long long g_phase_global[1024][kPhaseStamps];
+#define FUSED_PHASE_STAMP(i)                                                                      \
+  do {                                                                                            \
+    if (threadIdx.x == 128 && blockIdx.x + blockIdx.y * gridDim.x < 1024) {                       \
+      unsigned long long g;                                                                       \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));                                      \
+      g_phase_clock[blockIdx.x + blockIdx.y * gridDim.x][i] = clock64();                          \
+      g_phase_global[blockIdx.x + blockIdx.y * gridDim.x][i] = g;                                 \
+    }                                                                                             \
+  } while (0)
+inline void one_kernel_phase_times(unsigned long long* clock, unsigned long long* global) {
+  cudaMemcpyFromSymbol(clock, g_phase_clock, sizeof(g_phase_clock));
+  cudaMemcpyFromSymbol(global, g_phase_global, sizeof(g_phase_global));
+}
+#else
+#define FUSED_PHASE_STAMP(i) \
+  do {                       \
+  } while (0)
+#endif
 
 // The consumer warpgroup's own barrier (ids 0-7 are CUTLASS's).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 8, 128;" ::: "memory"); }
@@ -129,6 +154,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
   const int rows = min(kTile, p.M - row0);  // valid rows and columns of this tile (>= 1)
   const int cols = min(kTile, p.N - col0);
   const bool batch_stats = p.bn.uses_batch_stats();
+  FUSED_PHASE_STAMP(0);
 
   // [1] The tile's product, as CUTLASS's KernelTmaWarpSpecialized kernel runs its collective.
   if (thread == 0) Mainloop::prefetch_tma_descriptors(p.mainloop);
@@ -139,6 +165,8 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
   pipeline_params.num_consumers = Op::kConsumerThreads;
   pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
   Pipeline pipeline(s.pipeline, pipeline_params, typename Op::ClusterShape{});
+  if (consumer && t < kTile)  // its latency hides behind the first stage's
+    s.bias[t] = p.bias != nullptr && t < cols ? static_cast<float>(p.bias[col0 + t]) : 0.f;
   __syncthreads();  // the pipeline's barriers are initialised before anyone uses them
 
   Mainloop mainloop;
@@ -159,53 +187,47 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
     typename Op::PipelineState read_state;
     mainloop.mma(pipeline, read_state, acc, k_tiles, t, s.tensors.mainloop, p.mainloop);
     mainloop.mma_tail(pipeline, read_state, k_tiles);
+    FUSED_PHASE_STAMP(1);
     // Every stage was waited for and read, so no TMA write is in flight: the stages' memory is free.
     consumer_sync();
     Tensor coord = tiled_mma.get_thread_slice(t).partition_C(make_identity_tensor(take<0, 2>(typename Op::TileShape{})));
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < int(size(acc)); ++i) {
       const int r = get<0>(coord(i)), c = get<1>(coord(i));
-      const float bias = p.bias != nullptr && c < cols ? static_cast<float>(p.bias[col0 + c]) : 0.f;
-      s.tensors.tile[r][c] = acc(i) + bias;
+      s.tensors.tile[r][c] = acc(i) + s.bias[c];
     }
     consumer_sync();
-    if (p.y != nullptr) {  // coalesced, 4 columns a store (N % 4 == 0: a group is all in or all out)
-      for (int v = t; v < kTile * kTile / 4; v += Op::kConsumerThreads) {
-        const int r = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
-        if (r < rows && c < cols) {
-          const float* e = &s.tensors.tile[r][c];
-          *reinterpret_cast<float4*>(p.y + int64_t(row0 + r) * p.ldy + col0 + c) = make_float4(e[0], e[1], e[2], e[3]);
-        }
-      }
-    }
     if (batch_stats) {  // the tile's column partials: mean, then M2 about it (two passes over shared memory)
       const int c = t % kTile, half = t / kTile;
       const int r_end = min(half * (kTile / 2) + kTile / 2, rows);
       float sum = 0.f;
       for (int r = half * (kTile / 2); r < r_end; ++r) sum += s.tensors.tile[r][c];
-      s.half_column[half][c] = sum;
+      s.half_sum[half][c] = sum;
       consumer_sync();
-      const float mean = (s.half_column[0][c] + s.half_column[1][c]) / float(rows);
+      const float mean = (s.half_sum[0][c] + s.half_sum[1][c]) / float(rows);
       float m2 = 0.f;
       for (int r = half * (kTile / 2); r < r_end; ++r) {
         const float d = s.tensors.tile[r][c] - mean;
         m2 = fmaf(d, d, m2);
       }
-      consumer_sync();  // both halves' sums are read before they are overwritten
-      s.half_column[half][c] = m2;
+      s.half_m2[half][c] = m2;
       consumer_sync();
       if (half == 0) {
         const int64_t slot = int64_t(m_tile) * p.partials.ld + col0 + c;
         p.partials.mean[slot] = mean;
-        p.partials.m2[slot] = s.half_column[0][c] + s.half_column[1][c];
+        p.partials.m2[slot] = s.half_m2[0][c] + s.half_m2[1][c];
       }
     }
   }
 
+  FUSED_PHASE_STAMP(2);
   if (batch_stats) grid.sync();  // every tile's partials are written
+  FUSED_PHASE_STAMP(3);
 
-  // [2] This CTA's columns: statistics and the folded map; then its rows' max and sum over its columns.
-  const int r = t / 2, half = t % 2;  // in [2]'s row part and in [3]: row r, columns half * 32 ..
+  // [2] This CTA's columns: statistics and the folded map (half the warpgroup) while the other half
+  // writes y; then its rows' max and sum of exp over its columns.
+  const int r = t / 2, half = t % 2;  // from here on: row r, columns half * 32 ..
+  float tile_max = -INFINITY;         // this tile's max of row r
   if (consumer) {
     if (t < kTile) {
       const int64_t col = int64_t(col0) + t;
@@ -223,49 +245,78 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
       s.shift[t] = map.shift;
       s.a[t] = map.a;
       s.c[t] = map.c;
+    } else if (p.y != nullptr) {  // coalesced, 4 columns a store (N % 4 == 0: a group is all in or all out)
+      for (int v = t - kTile; v < kTile * kTile / 4; v += Op::kConsumerThreads - kTile) {
+        const int rr = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
+        if (rr < rows && c < cols) {
+          const float* e = &s.tensors.tile[rr][c];
+          *reinterpret_cast<float4*>(p.y + int64_t(row0 + rr) * p.ldy + col0 + c) = make_float4(e[0], e[1], e[2], e[3]);
+        }
+      }
     }
     consumer_sync();
-    float mx = -INFINITY;
+    FUSED_PHASE_STAMP(4);
+    float* row = &s.tensors.tile[r][half * (kTile / 2)];
     for (int j = 0; j < kTile / 2; ++j) {
       const int c = half * (kTile / 2) + j;
-      const float z = c < cols ? fused::detail::bn_logit(s.tensors.tile[r][c], s.shift[c], s.a[c], s.c[c]) : -INFINITY;
-      s.tensors.tile[r][c] = z;
-      mx = fmaxf(mx, z);
+      const float z = c < cols ? fused::detail::bn_logit(row[j], s.shift[c], s.a[c], s.c[c]) : -INFINITY;
+      row[j] = z;
+      tile_max = fmaxf(tile_max, z);
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    // exp(z - tile max) stays in shared memory: [3] scales it by exp(tile max - row max) / sum.
     float sum = 0.f;
-    if (mx != -INFINITY) {  // all -inf: the sum stays 0 instead of exp(nan)
-      for (int j = 0; j < kTile / 2; ++j) sum += expf(s.tensors.tile[r][half * (kTile / 2) + j] - mx);
+    for (int j = 0; j < kTile / 2; ++j) {
+      const float e = tile_max == -INFINITY ? 0.f : expf(row[j] - tile_max);  // all -inf: 0, not exp(nan)
+      row[j] = e;
+      sum += e;
     }
     const float other = __shfl_xor_sync(0xffffffffu, sum, 1);
     sum = half == 0 ? sum + other : other + sum;  // the same order in both lanes
     if (half == 0 && r < rows) {
-      p.row_max[int64_t(n_tile) * p.M + row0 + r] = mx;
+      p.row_max[int64_t(n_tile) * p.M + row0 + r] = tile_max;
       p.row_sum[int64_t(n_tile) * p.M + row0 + r] = sum;
     }
   }
 
+  FUSED_PHASE_STAMP(5);
   grid.sync();  // every tile's row parts are written; every read of num_batches_tracked is done
+  FUSED_PHASE_STAMP(6);
 
-  // [3] The rows' max and sum over all column tiles, in order; out.
+  // [3] Each row's max and sum over all column tiles (in order, 8 tiles' loads in flight at a time:
+  // every CTA of the row gets the same bits), then out.
   if (consumer) {
     const int n_tiles = int(gridDim.y);
     float row_max = -INFINITY, row_sum = 0.f;
     if (r < rows) {
       const int64_t row = row0 + r;
-      for (int k = 0; k < n_tiles; ++k) row_max = fmaxf(row_max, p.row_max[int64_t(k) * p.M + row]);
-      for (int k = 0; k < n_tiles; ++k) {
-        const float m = p.row_max[int64_t(k) * p.M + row];
-        if (m != -INFINITY) row_sum += p.row_sum[int64_t(k) * p.M + row] * expf(m - row_max);
+      constexpr int kBatch = 8;
+      for (int k0 = 0; k0 < n_tiles; k0 += kBatch) {
+        float m[kBatch], sv[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const bool in = k0 + j < n_tiles;
+          m[j] = in ? p.row_max[int64_t(k0 + j) * p.M + row] : -INFINITY;
+          sv[j] = in ? p.row_sum[int64_t(k0 + j) * p.M + row] : 0.f;
+        }
+        float batch_max = row_max;
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) batch_max = fmaxf(batch_max, m[j]);
+        if (batch_max != -INFINITY) {
+          float acc_sum = row_max == -INFINITY ? 0.f : row_sum * expf(row_max - batch_max);
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j)
+            if (m[j] != -INFINITY) acc_sum += sv[j] * expf(m[j] - batch_max);
+          row_sum = acc_sum;
+        }
+        row_max = batch_max;
       }
       if (n_tile == 0 && half == 0 && p.row_lse != nullptr)
         p.row_lse[row] = fused::detail::log_normaliser(row_max, row_sum);
     }
-    const float inv = 1.f / row_sum;
-    for (int j = 0; j < kTile / 2; ++j) {
-      float& e = s.tensors.tile[r][half * (kTile / 2) + j];
-      e = expf(e - row_max) * inv;
-    }
+    const float factor = tile_max == -INFINITY ? 0.f : expf(tile_max - row_max) / row_sum;
+    float* row = &s.tensors.tile[r][half * (kTile / 2)];
+    for (int j = 0; j < kTile / 2; ++j) row[j] *= factor;
     consumer_sync();
     for (int v = t; v < kTile * kTile / 4; v += Op::kConsumerThreads) {
       const int rr = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
@@ -283,6 +334,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
     int64_t* counter = p.bn.batch_counter();
     if (counter != nullptr && m_tile == 0 && n_tile == 0 && t == 0) *counter += 1;
   }
+  FUSED_PHASE_STAMP(7);
 #endif
 }
 
