@@ -39,47 +39,67 @@ FUSED_HD void chan_merge(MeanM2& acc, double nb, double mean_b, double m2_b) {
 // passes: the mean as the count-weighted sum of the tiles' means over the count (one division), then
 //   M2 = sum_t m2_t + n_t (mean_t - mean)^2,
 // an exact identity whose terms are all non-negative (no cancellation), in double precision like
-// Chan's pairwise update (chan_merge), which costs two divisions a tile: in double on the GPU that was
-// most of the one-kernel forward's column step (H200, 16 row tiles: 9600 cycles, ~5 us; now ~1600).
-// Each pass loads kBatch tiles at a time, then adds them in order: on the GPU a batch's loads are in
-// flight together (one load per step made finalize wait on L2 once per row tile: 22 us at M = 4096);
-// the second pass finds them in L1.
+// Chan's pairwise update (chan_merge), which costs two divisions a tile (slow in double on a GPU).
+// The tiles are loaded kBatch at a time, mean and M2 together, then added in order: on the GPU a
+// batch's loads are in flight together (one load per step made finalize wait on L2 once per row tile:
+// 22 us at M = 4096 on the H200). The first batch stays in registers for the second pass; later ones
+// are loaded again (from L1).
 FUSED_HD MeanM2 merge_column_partials(const ColumnStatsPartials& p, int64_t M, int64_t col) {
   constexpr int kBatch = 8;
-  double n = 0.0, weighted = 0.0;
-  for (int64_t t0 = 0; t0 < p.num_row_tiles; t0 += kBatch) {
-    float mean[kBatch];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int j = 0; j < kBatch; ++j) mean[j] = t0 + j < p.num_row_tiles ? p.mean[(t0 + j) * p.ld + col] : 0.f;
-    for (int j = 0; j < kBatch && t0 + j < p.num_row_tiles; ++j) {
-      const int64_t nt = row_tile_count(M, p.row_tile, t0 + j);
-      if (nt <= 0) continue;
-      n += static_cast<double>(nt);
-      weighted += static_cast<double>(nt) * mean[j];
-    }
-  }
-  MeanM2 acc;
-  if (n <= 0.0) return acc;
-  acc.n = n;
-  acc.mean = weighted / n;
-  for (int64_t t0 = 0; t0 < p.num_row_tiles; t0 += kBatch) {
+  struct Batch {
     float mean[kBatch], m2[kBatch];
+  };
+  auto load = [&](int64_t t0, Batch& b) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
     for (int j = 0; j < kBatch; ++j) {
       const bool in = t0 + j < p.num_row_tiles;
-      mean[j] = in ? p.mean[(t0 + j) * p.ld + col] : 0.f;
-      m2[j] = in ? p.m2[(t0 + j) * p.ld + col] : 0.f;
+      b.mean[j] = in ? p.mean[(t0 + j) * p.ld + col] : 0.f;
+      b.m2[j] = in ? p.m2[(t0 + j) * p.ld + col] : 0.f;
     }
-    for (int j = 0; j < kBatch && t0 + j < p.num_row_tiles; ++j) {
-      const int64_t nt = row_tile_count(M, p.row_tile, t0 + j);
-      if (nt <= 0) continue;
-      const double d = static_cast<double>(mean[j]) - acc.mean;
-      acc.m2 += static_cast<double>(m2[j]) + static_cast<double>(nt) * d * d;
+  };
+  // Rows of tile t (0 past M or past the tiles: a caller may pass more tiles than M fills).
+  auto rows = [&](int64_t t) {
+    const int64_t nt = t < p.num_row_tiles ? row_tile_count(M, p.row_tile, t) : 0;
+    return static_cast<double>(nt > 0 ? nt : 0);
+  };
+  double n = 0.0, weighted = 0.0;
+  auto add_means = [&](int64_t t0, const Batch& b) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < kBatch; ++j) {
+      n += rows(t0 + j);
+      weighted += rows(t0 + j) * b.mean[j];
     }
+  };
+  MeanM2 acc;
+  auto add_m2 = [&](int64_t t0, const Batch& b) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < kBatch; ++j) {
+      const double d = static_cast<double>(b.mean[j]) - acc.mean;
+      if (rows(t0 + j) > 0.0) acc.m2 += static_cast<double>(b.m2[j]) + rows(t0 + j) * d * d;
+    }
+  };
+  Batch first;  // kept for the second pass
+  load(0, first);
+  add_means(0, first);
+  for (int64_t t0 = kBatch; t0 < p.num_row_tiles; t0 += kBatch) {
+    Batch b;
+    load(t0, b);
+    add_means(t0, b);
+  }
+  if (n <= 0.0) return acc;
+  acc.n = n;
+  acc.mean = weighted / n;
+  add_m2(0, first);
+  for (int64_t t0 = kBatch; t0 < p.num_row_tiles; t0 += kBatch) {
+    Batch b;
+    load(t0, b);
+    add_m2(t0, b);
   }
   return acc;
 }

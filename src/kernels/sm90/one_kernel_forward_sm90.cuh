@@ -197,18 +197,23 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
       s.tensors.tile[r][c] = acc(i) + s.bias[c];
     }
     consumer_sync();
-    if (batch_stats) {  // the tile's column partials: mean, then M2 about it (two passes over shared memory)
+    if (batch_stats) {  // the tile's column partials: mean, then M2 about it (the half-column in registers)
       const int c = t % kTile, half = t / kTile;
-      const int r_end = min(half * (kTile / 2) + kTile / 2, rows);
+      float v[kTile / 2];
       float sum = 0.f;
-      for (int r = half * (kTile / 2); r < r_end; ++r) sum += s.tensors.tile[r][c];
+#pragma unroll
+      for (int j = 0; j < kTile / 2; ++j) {
+        v[j] = s.tensors.tile[half * (kTile / 2) + j][c];
+        if (half * (kTile / 2) + j < rows) sum += v[j];
+      }
       s.half_sum[half][c] = sum;
       consumer_sync();
       const float mean = (s.half_sum[0][c] + s.half_sum[1][c]) / float(rows);
       float m2 = 0.f;
-      for (int r = half * (kTile / 2); r < r_end; ++r) {
-        const float d = s.tensors.tile[r][c] - mean;
-        m2 = fmaf(d, d, m2);
+#pragma unroll
+      for (int j = 0; j < kTile / 2; ++j) {
+        const float d = v[j] - mean;
+        if (half * (kTile / 2) + j < rows) m2 = fmaf(d, d, m2);
       }
       s.half_m2[half][c] = m2;
       consumer_sync();
@@ -228,6 +233,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
   // writes y; then its rows' max and sum of exp over its columns.
   const int r = t / 2, half = t % 2;  // from here on: row r, columns half * 32 ..
   float tile_max = -INFINITY;         // this tile's max of row r
+  float e[kTile / 2];                 // row r's logits, then exp(logit - tile_max), at columns half * 32 ..
   if (consumer) {
     if (t < kTile) {
       const int64_t col = int64_t(col0) + t;
@@ -256,20 +262,19 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
     }
     consumer_sync();
     FUSED_PHASE_STAMP(4);
-    float* row = &s.tensors.tile[r][half * (kTile / 2)];
+#pragma unroll
     for (int j = 0; j < kTile / 2; ++j) {
       const int c = half * (kTile / 2) + j;
-      const float z = c < cols ? fused::detail::bn_logit(row[j], s.shift[c], s.a[c], s.c[c]) : -INFINITY;
-      row[j] = z;
-      tile_max = fmaxf(tile_max, z);
+      e[j] = c < cols ? fused::detail::bn_logit(s.tensors.tile[r][c], s.shift[c], s.a[c], s.c[c]) : -INFINITY;
+      tile_max = fmaxf(tile_max, e[j]);
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    // exp(z - tile max) stays in shared memory: [3] scales it by exp(tile max - row max) / sum.
+    // exp(z - tile max) stays in registers: [3] scales it by exp(tile max - row max) / sum.
     float sum = 0.f;
+#pragma unroll
     for (int j = 0; j < kTile / 2; ++j) {
-      const float e = tile_max == -INFINITY ? 0.f : expf(row[j] - tile_max);  // all -inf: 0, not exp(nan)
-      row[j] = e;
-      sum += e;
+      e[j] = tile_max == -INFINITY ? 0.f : expf(e[j] - tile_max);  // all -inf: 0, not exp(nan)
+      sum += e[j];
     }
     const float other = __shfl_xor_sync(0xffffffffu, sum, 1);
     sum = half == 0 ? sum + other : other + sum;  // the same order in both lanes
@@ -315,8 +320,8 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
         p.row_lse[row] = fused::detail::log_normaliser(row_max, row_sum);
     }
     const float factor = tile_max == -INFINITY ? 0.f : expf(tile_max - row_max) / row_sum;
-    float* row = &s.tensors.tile[r][half * (kTile / 2)];
-    for (int j = 0; j < kTile / 2; ++j) row[j] *= factor;
+#pragma unroll
+    for (int j = 0; j < kTile / 2; ++j) s.tensors.tile[r][half * (kTile / 2) + j] = e[j] * factor;
     consumer_sync();
     for (int v = t; v < kTile * kTile / 4; v += Op::kConsumerThreads) {
       const int rr = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
