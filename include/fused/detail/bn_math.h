@@ -35,72 +35,79 @@ FUSED_HD void chan_merge(MeanM2& acc, double nb, double mean_b, double m2_b) {
   acc.n = n;
 }
 
-// Merges the partials of column `col` over row tiles 0, 1, 2, ... (fixed order: deterministic), in two
-// passes: the mean as the count-weighted sum of the tiles' means over the count (one division), then
+// The merge of a column's partials over its row tiles, in two passes over the tiles in order: the
+// mean as the count-weighted sum of the tiles' means over the count (one division), then
 //   M2 = sum_t m2_t + n_t (mean_t - mean)^2,
 // an exact identity whose terms are all non-negative (no cancellation), in double precision like
 // Chan's pairwise update (chan_merge), which costs two divisions a tile (slow in double on a GPU).
-// The tiles are loaded kBatch at a time, mean and M2 together, then added in order: on the GPU a
-// batch's loads are in flight together (one load per step made finalize wait on L2 once per row tile:
-// 22 us at M = 4096 on the H200). The first batch stays in registers for the second pass; later ones
-// are loaded again (from L1).
-FUSED_HD MeanM2 merge_column_partials(const ColumnStatsPartials& p, int64_t M, int64_t col) {
+// Each pass covers tiles [t_begin, t_end), so that several threads can share one column's tiles and
+// add their parts in a fixed order (the one-kernel forward); merge_column_partials runs both over all
+// tiles. A pass loads kBatch tiles at a time, then adds them in order: on the GPU a batch's loads are
+// in flight together (one load per step made finalize wait on L2 once per row tile: 22 us at M = 4096
+// on the H200); the second pass finds the means in L1.
+struct PartialsSum {
+  double n = 0.0;         // rows
+  double weighted = 0.0;  // sum of rows * tile mean
+};
+
+FUSED_HD PartialsSum partials_weighted_sum(const ColumnStatsPartials& p, int64_t M, int64_t col, int64_t t_begin,
+                                           int64_t t_end) {
   constexpr int kBatch = 8;
-  struct Batch {
-    float mean[kBatch], m2[kBatch];
-  };
-  auto load = [&](int64_t t0, Batch& b) {
+  PartialsSum sum;
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += kBatch) {
+    float mean[kBatch];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < kBatch; ++j) mean[j] = t0 + j < t_end ? p.mean[(t0 + j) * p.ld + col] : 0.f;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
     for (int j = 0; j < kBatch; ++j) {
-      const bool in = t0 + j < p.num_row_tiles;
-      b.mean[j] = in ? p.mean[(t0 + j) * p.ld + col] : 0.f;
-      b.m2[j] = in ? p.m2[(t0 + j) * p.ld + col] : 0.f;
+      const int64_t nt = t0 + j < t_end ? row_tile_count(M, p.row_tile, t0 + j) : 0;
+      if (nt <= 0) continue;  // a caller may pass more tiles than M fills
+      sum.n += static_cast<double>(nt);
+      sum.weighted += static_cast<double>(nt) * mean[j];
     }
-  };
-  // Rows of tile t (0 past M or past the tiles: a caller may pass more tiles than M fills).
-  auto rows = [&](int64_t t) {
-    const int64_t nt = t < p.num_row_tiles ? row_tile_count(M, p.row_tile, t) : 0;
-    return static_cast<double>(nt > 0 ? nt : 0);
-  };
-  double n = 0.0, weighted = 0.0;
-  auto add_means = [&](int64_t t0, const Batch& b) {
+  }
+  return sum;
+}
+
+FUSED_HD double partials_m2_about(const ColumnStatsPartials& p, int64_t M, int64_t col, double mean, int64_t t_begin,
+                                  int64_t t_end) {
+  constexpr int kBatch = 8;
+  double m2_sum = 0.0;
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += kBatch) {
+    float tile_mean[kBatch], m2[kBatch];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
     for (int j = 0; j < kBatch; ++j) {
-      n += rows(t0 + j);
-      weighted += rows(t0 + j) * b.mean[j];
+      const bool in = t0 + j < t_end;
+      tile_mean[j] = in ? p.mean[(t0 + j) * p.ld + col] : 0.f;
+      m2[j] = in ? p.m2[(t0 + j) * p.ld + col] : 0.f;
     }
-  };
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t nt = t0 + j < t_end ? row_tile_count(M, p.row_tile, t0 + j) : 0;
+      if (nt <= 0) continue;
+      const double d = static_cast<double>(tile_mean[j]) - mean;
+      m2_sum += static_cast<double>(m2[j]) + static_cast<double>(nt) * d * d;
+    }
+  }
+  return m2_sum;
+}
+
+// Column `col`'s (count, mean, M2) over all its row tiles (fixed order: deterministic).
+FUSED_HD MeanM2 merge_column_partials(const ColumnStatsPartials& p, int64_t M, int64_t col) {
+  const PartialsSum sum = partials_weighted_sum(p, M, col, 0, p.num_row_tiles);
   MeanM2 acc;
-  auto add_m2 = [&](int64_t t0, const Batch& b) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int j = 0; j < kBatch; ++j) {
-      const double d = static_cast<double>(b.mean[j]) - acc.mean;
-      if (rows(t0 + j) > 0.0) acc.m2 += static_cast<double>(b.m2[j]) + rows(t0 + j) * d * d;
-    }
-  };
-  Batch first;  // kept for the second pass
-  load(0, first);
-  add_means(0, first);
-  for (int64_t t0 = kBatch; t0 < p.num_row_tiles; t0 += kBatch) {
-    Batch b;
-    load(t0, b);
-    add_means(t0, b);
-  }
-  if (n <= 0.0) return acc;
-  acc.n = n;
-  acc.mean = weighted / n;
-  add_m2(0, first);
-  for (int64_t t0 = kBatch; t0 < p.num_row_tiles; t0 += kBatch) {
-    Batch b;
-    load(t0, b);
-    add_m2(t0, b);
-  }
+  if (sum.n <= 0.0) return acc;
+  acc.n = sum.n;
+  acc.mean = sum.weighted / sum.n;
+  acc.m2 = partials_m2_about(p, M, col, acc.mean, 0, p.num_row_tiles);
   return acc;
 }
 

@@ -63,7 +63,9 @@ struct OneKernelForward {
       float tile[kTile][kTile + 1];               // after the K loop: y, then z, then out (odd stride: no bank conflicts)
     } tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
-    float half_sum[2][kTile], half_m2[2][kTile];  // each column's two half-columns' sum and M2
+    // After the K loop every thread works on the tile, four to a column or a row ("quarters").
+    float quarter_sum[4][kTile], quarter_m2[4][kTile];  // the tile's columns: sum, then M2, per 16 rows
+    double quarter_n[4][kTile], quarter_weighted[4][kTile], quarter_m2_all[4][kTile];  // the batch's, per row tiles
     float bias[kTile], shift[kTile], a[kTile], c[kTile];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -196,32 +198,37 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
       const int r = get<0>(coord(i)), c = get<1>(coord(i));
       s.tensors.tile[r][c] = acc(i) + s.bias[c];
     }
-    consumer_sync();
-    if (batch_stats) {  // the tile's column partials: mean, then M2 about it (the half-column in registers)
-      const int c = t % kTile, half = t / kTile;
-      float v[kTile / 2];
-      float sum = 0.f;
+  }
+  // From here on all 256 threads share the work (the producer warps are idle after the K loop): more
+  // warps hide more of each step's latency.
+  __syncthreads();
+  constexpr int kQuarter = kTile / 4;
+  const int lane_c = thread % kTile, quarter = thread / kTile;  // column lane_c, rows (or row tiles) by quarter
+  if (batch_stats) {  // the tile's column partials: mean, then M2 about it (16 rows per thread, in registers)
+    float v[kQuarter];
+    float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < kTile / 2; ++j) {
-        v[j] = s.tensors.tile[half * (kTile / 2) + j][c];
-        if (half * (kTile / 2) + j < rows) sum += v[j];
-      }
-      s.half_sum[half][c] = sum;
-      consumer_sync();
-      const float mean = (s.half_sum[0][c] + s.half_sum[1][c]) / float(rows);
-      float m2 = 0.f;
+    for (int j = 0; j < kQuarter; ++j) {
+      v[j] = s.tensors.tile[quarter * kQuarter + j][lane_c];
+      if (quarter * kQuarter + j < rows) sum += v[j];
+    }
+    s.quarter_sum[quarter][lane_c] = sum;
+    __syncthreads();
+    const float mean = ((s.quarter_sum[0][lane_c] + s.quarter_sum[1][lane_c]) +
+                        (s.quarter_sum[2][lane_c] + s.quarter_sum[3][lane_c])) / float(rows);
+    float m2 = 0.f;
 #pragma unroll
-      for (int j = 0; j < kTile / 2; ++j) {
-        const float d = v[j] - mean;
-        if (half * (kTile / 2) + j < rows) m2 = fmaf(d, d, m2);
-      }
-      s.half_m2[half][c] = m2;
-      consumer_sync();
-      if (half == 0) {
-        const int64_t slot = int64_t(m_tile) * p.partials.ld + col0 + c;
-        p.partials.mean[slot] = mean;
-        p.partials.m2[slot] = s.half_m2[0][c] + s.half_m2[1][c];
-      }
+    for (int j = 0; j < kQuarter; ++j) {
+      const float d = v[j] - mean;
+      if (quarter * kQuarter + j < rows) m2 = fmaf(d, d, m2);
+    }
+    s.quarter_m2[quarter][lane_c] = m2;
+    __syncthreads();
+    if (quarter == 0) {
+      const int64_t slot = int64_t(m_tile) * p.partials.ld + col0 + lane_c;
+      p.partials.mean[slot] = mean;
+      p.partials.m2[slot] = (s.quarter_m2[0][lane_c] + s.quarter_m2[1][lane_c]) +
+                            (s.quarter_m2[2][lane_c] + s.quarter_m2[3][lane_c]);
     }
   }
 
@@ -229,59 +236,79 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
   if (batch_stats) grid.sync();  // every tile's partials are written
   FUSED_PHASE_STAMP(3);
 
-  // [2] This CTA's columns: statistics and the folded map (half the warpgroup) while the other half
-  // writes y; then its rows' max and sum of exp over its columns.
-  const int r = t / 2, half = t % 2;  // from here on: row r, columns half * 32 ..
-  float tile_max = -INFINITY;         // this tile's max of row r
-  float e[kTile / 2];                 // row r's logits, then exp(logit - tile_max), at columns half * 32 ..
-  if (consumer) {
-    if (t < kTile) {
-      const int64_t col = int64_t(col0) + t;
-      fused::detail::ColumnMap map;
-      if (t < cols) {
-        const fused::detail::MeanM2 stats =
-            batch_stats ? fused::detail::merge_column_partials(p.partials, p.M, col) : fused::detail::MeanM2{};
-        map = fused::detail::column_map(col, stats, p.bn);
-        if (m_tile == 0) {  // once per column
-          fused::detail::update_running_stats(col, stats, p.bn);
-          p.save_mean[col] = map.shift;
-          p.save_invstd[col] = map.invstd;
-        }
-      }
-      s.shift[t] = map.shift;
-      s.a[t] = map.a;
-      s.c[t] = map.c;
-    } else if (p.y != nullptr) {  // coalesced, 4 columns a store (N % 4 == 0: a group is all in or all out)
-      for (int v = t - kTile; v < kTile * kTile / 4; v += Op::kConsumerThreads - kTile) {
-        const int rr = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
-        if (rr < rows && c < cols) {
-          const float* e = &s.tensors.tile[rr][c];
-          *reinterpret_cast<float4*>(p.y + int64_t(row0 + rr) * p.ldy + col0 + c) = make_float4(e[0], e[1], e[2], e[3]);
-        }
+  // [2] y, kept for the backward (its stores drain while the rest runs); this CTA's columns' statistics,
+  // four threads to a column, each over a quarter of the row tiles, added in quarter order; the folded
+  // map; then the rows' max and sum of exp over this CTA's columns, four threads to a row.
+  if (p.y != nullptr) {  // coalesced, 4 columns a store (N % 4 == 0: a group is all in or all out)
+    for (int v = thread; v < kTile * kTile / 4; v += Op::kThreads) {
+      const int rr = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
+      if (rr < rows && c < cols) {
+        const float* y4 = &s.tensors.tile[rr][c];
+        *reinterpret_cast<float4*>(p.y + int64_t(row0 + rr) * p.ldy + col0 + c) = make_float4(y4[0], y4[1], y4[2], y4[3]);
       }
     }
-    consumer_sync();
-    FUSED_PHASE_STAMP(4);
+  }
+  const int64_t col = int64_t(col0) + lane_c;
+  fused::detail::MeanM2 stats;
+  if (batch_stats) {  // uniform over the CTA, so every thread meets both barriers
+    const bool valid = lane_c < cols;
+    const int64_t tiles = p.partials.num_row_tiles, per = (tiles + 3) / 4;
+    const int64_t t_begin = min(tiles, quarter * per), t_end = min(tiles, (quarter + 1) * per);
+    const fused::detail::PartialsSum part =
+        valid ? fused::detail::partials_weighted_sum(p.partials, p.M, col, t_begin, t_end) : fused::detail::PartialsSum{};
+    s.quarter_n[quarter][lane_c] = part.n;
+    s.quarter_weighted[quarter][lane_c] = part.weighted;
+    __syncthreads();
+    stats.n = (s.quarter_n[0][lane_c] + s.quarter_n[1][lane_c]) + (s.quarter_n[2][lane_c] + s.quarter_n[3][lane_c]);
+    const double weighted = (s.quarter_weighted[0][lane_c] + s.quarter_weighted[1][lane_c]) +
+                            (s.quarter_weighted[2][lane_c] + s.quarter_weighted[3][lane_c]);
+    stats.mean = stats.n > 0.0 ? weighted / stats.n : 0.0;
+    s.quarter_m2_all[quarter][lane_c] =
+        valid ? fused::detail::partials_m2_about(p.partials, p.M, col, stats.mean, t_begin, t_end) : 0.0;
+    __syncthreads();
+    stats.m2 = (s.quarter_m2_all[0][lane_c] + s.quarter_m2_all[1][lane_c]) +
+               (s.quarter_m2_all[2][lane_c] + s.quarter_m2_all[3][lane_c]);
+  }
+  if (quarter == 0) {
+    fused::detail::ColumnMap map;
+    if (lane_c < cols) {
+      map = fused::detail::column_map(col, stats, p.bn);
+      if (m_tile == 0) {  // once per column
+        fused::detail::update_running_stats(col, stats, p.bn);
+        p.save_mean[col] = map.shift;
+        p.save_invstd[col] = map.invstd;
+      }
+    }
+    s.shift[lane_c] = map.shift;
+    s.a[lane_c] = map.a;
+    s.c[lane_c] = map.c;
+  }
+  __syncthreads();
+  FUSED_PHASE_STAMP(4);
+
+  const int r = thread / 4, part = thread % 4;  // row r, columns part * 16 ..
+  float e[kQuarter];  // row r's logits, then exp(logit - tile_max)
+  float tile_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kTile / 2; ++j) {
-      const int c = half * (kTile / 2) + j;
-      e[j] = c < cols ? fused::detail::bn_logit(s.tensors.tile[r][c], s.shift[c], s.a[c], s.c[c]) : -INFINITY;
-      tile_max = fmaxf(tile_max, e[j]);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    // exp(z - tile max) stays in registers: [3] scales it by exp(tile max - row max) / sum.
-    float sum = 0.f;
+  for (int j = 0; j < kQuarter; ++j) {
+    const int c = part * kQuarter + j;
+    e[j] = c < cols ? fused::detail::bn_logit(s.tensors.tile[r][c], s.shift[c], s.a[c], s.c[c]) : -INFINITY;
+    tile_max = fmaxf(tile_max, e[j]);
+  }
+  // Butterflies over the row's four lanes: IEEE max and + commute, so all four get the same bits.
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < kTile / 2; ++j) {
-      e[j] = tile_max == -INFINITY ? 0.f : expf(e[j] - tile_max);  // all -inf: 0, not exp(nan)
-      sum += e[j];
-    }
-    const float other = __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum = half == 0 ? sum + other : other + sum;  // the same order in both lanes
-    if (half == 0 && r < rows) {
-      p.row_max[int64_t(n_tile) * p.M + row0 + r] = tile_max;
-      p.row_sum[int64_t(n_tile) * p.M + row0 + r] = sum;
-    }
+  for (int j = 0; j < kQuarter; ++j) {
+    e[j] = tile_max == -INFINITY ? 0.f : expf(e[j] - tile_max);  // all -inf: 0, not exp(nan)
+    sum += e[j];
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  if (part == 0 && r < rows) {
+    p.row_max[int64_t(n_tile) * p.M + row0 + r] = tile_max;
+    p.row_sum[int64_t(n_tile) * p.M + row0 + r] = sum;
   }
 
   FUSED_PHASE_STAMP(5);
@@ -289,8 +316,8 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
   FUSED_PHASE_STAMP(6);
 
   // [3] Each row's max and sum over all column tiles (in order, 8 tiles' loads in flight at a time:
-  // every CTA of the row gets the same bits), then out.
-  if (consumer) {
+  // every CTA of the row gets the same bits), then out = exp(z - tile max) * exp(tile max - row max) / sum.
+  {
     const int n_tiles = int(gridDim.y);
     float row_max = -INFINITY, row_sum = 0.f;
     if (r < rows) {
@@ -316,18 +343,18 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
         }
         row_max = batch_max;
       }
-      if (n_tile == 0 && half == 0 && p.row_lse != nullptr)
+      if (n_tile == 0 && part == 0 && p.row_lse != nullptr)
         p.row_lse[row] = fused::detail::log_normaliser(row_max, row_sum);
     }
     const float factor = tile_max == -INFINITY ? 0.f : expf(tile_max - row_max) / row_sum;
 #pragma unroll
-    for (int j = 0; j < kTile / 2; ++j) s.tensors.tile[r][half * (kTile / 2) + j] = e[j] * factor;
-    consumer_sync();
-    for (int v = t; v < kTile * kTile / 4; v += Op::kConsumerThreads) {
+    for (int j = 0; j < kQuarter; ++j) s.tensors.tile[r][part * kQuarter + j] = e[j] * factor;
+    __syncthreads();
+    for (int v = thread; v < kTile * kTile / 4; v += Op::kThreads) {
       const int rr = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
       if (rr < rows && c < cols) {
-        const float* e = &s.tensors.tile[rr][c];
-        const float four[4] = {e[0], e[1], e[2], e[3]};
+        const float* o4 = &s.tensors.tile[rr][c];
+        const float four[4] = {o4[0], o4[1], o4[2], o4[3]};
         const int64_t offset = int64_t(row0 + rr) * p.ldo + col0 + c;
         switch (p.out_dtype) {
           case ElementType::kBFloat16: store_out4<__nv_bfloat16>(p.out, offset, four, p.out_vectors); break;
@@ -337,7 +364,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
       }
     }
     int64_t* counter = p.bn.batch_counter();
-    if (counter != nullptr && m_tile == 0 && n_tile == 0 && t == 0) *counter += 1;
+    if (counter != nullptr && m_tile == 0 && n_tile == 0 && thread == 0) *counter += 1;
   }
   FUSED_PHASE_STAMP(7);
 #endif
