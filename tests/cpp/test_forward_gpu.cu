@@ -342,9 +342,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{64, 96, 8, kBF16, kExact, kRecompute, true, false, true, false},
         Case{3, 300, 64, kF16, kExact, kRecompute, true, false, true, false},
         Case{1024, 1024, 64, kBF16, kExact, kAuto, true, false, true, false},
-        // The one-kernel forward (sm90, grids of 64x64 tiles that fit on the GPU at once: 66 to 264 tiles
-        // on 132 SMs): every input type, ragged M, N and K, a last row tile of one row, eval, no bias,
-        // y not kept (not written), and out checked where y is not.
+        // The one-kernel forward (sm90 grids of 64x64 tiles that all fit on the GPU at once, with a short
+        // K loop: sm90::one_kernel_forward_fits; on 132 SMs all of these): every input type, ragged M, N
+        // and K, a last row tile of one row, two tiles per SM, eval, no bias, y not kept (not written).
         Case{1024, 512, 4096, kBF16, kExact, kAuto, true, false, true},
         Case{1000, 508, 1000, kF16, kExact, kSm90, true, false, true},
         Case{1000, 508, 520, kF32, kTF32, kSm90, true, false, false},

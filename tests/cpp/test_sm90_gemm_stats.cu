@@ -18,6 +18,7 @@
 
 #include "fused/detail/half_bits.h"
 #include "kernels/sm90/gemm_stats_sm90.h"
+#include "kernels/sm90/one_kernel_forward_sm90.h"
 #include "test_util.h"
 
 namespace {
@@ -617,6 +618,26 @@ TEST(Sm90GemmStats, SplitKCount) {
   EXPECT_EQ(sm90::split_k_count(1024, 512, 2047, 4, 132), 4);    // a ragged last k-tile counts (as CUTLASS's)
   EXPECT_EQ(sm90::split_k_count(1024, 512, 2015, 4, 132), 1);    // 63 k-tiles
   EXPECT_EQ(sm90::split_k_count(1024, 512, 4096, 0, 132), 1);    // no element size: no split
+}
+
+// The one-kernel rule (no GPU needed): every 64x64 tile resident (at most 2 per SM), at least a quarter
+// of the SMs busy, at most 128 k-tiles of 128 bytes of K loop per SM.
+TEST(Sm90GemmStats, OneKernelForwardFits) {
+  EXPECT_TRUE(sm90::one_kernel_forward_fits(1024, 512, 4096, 2, 132));    // 128 tiles x 64 k-tiles
+  EXPECT_TRUE(sm90::one_kernel_forward_fits(1024, 512, 8192, 2, 132));    // 128 x 128
+  EXPECT_FALSE(sm90::one_kernel_forward_fits(1024, 512, 8192, 4, 132));   // 128 x 256: tf32's K loop too long
+  EXPECT_TRUE(sm90::one_kernel_forward_fits(1024, 512, 4096, 4, 132));    // 128 x 128
+  EXPECT_TRUE(sm90::one_kernel_forward_fits(2048, 512, 4096, 2, 132));    // 256 tiles, two per SM, 64 k-tiles
+  EXPECT_FALSE(sm90::one_kernel_forward_fits(2048, 512, 8192, 2, 132));   // two per SM, 128 k-tiles each
+  EXPECT_TRUE(sm90::one_kernel_forward_fits(2112, 512, 64, 2, 132));      // 33 x 8 = 264 tiles: all resident
+  EXPECT_FALSE(sm90::one_kernel_forward_fits(2113, 512, 64, 2, 132));     // 272 tiles
+  EXPECT_TRUE(sm90::one_kernel_forward_fits(384, 512, 4096, 2, 132));     // 48 tiles
+  EXPECT_FALSE(sm90::one_kernel_forward_fits(256, 512, 4096, 2, 132));    // 32 tiles: under a quarter of the SMs
+  EXPECT_TRUE(sm90::one_kernel_forward_fits(256, 528, 4096, 2, 132));     // 33 tiles
+  EXPECT_FALSE(sm90::one_kernel_forward_fits(1024, 8192, 64, 2, 132));    // 2048 tiles
+  EXPECT_FALSE(sm90::one_kernel_forward_fits(1024, 512, 0, 2, 132));      // no K loop: not this kernel's
+  EXPECT_EQ(sm90::one_kernel_tiles(1000, 508), 16 * 8);
+  EXPECT_EQ(sm90::one_kernel_row_parts_floats(1000, 508), 2 * 8 * 1000);
 }
 
 // Split K over 2..8 CTAs, ragged M, N and the last k-tile, against float64; bitwise reproducible.

@@ -23,7 +23,7 @@ def _call(mod, x, path):
 
 # (256, 136, 4096): four 128x128 tiles, whose K loop (64 k-tiles of bf16) sm90 splits over 4 CTAs (a
 # memset of the split-K counters before the GEMM, inside the graph too). (1024, 512, 1024): 128 tiles
-# of 64x64, which sm90 runs as one cooperative kernel with grid-wide barriers (on a GPU of 66 to 264 SMs).
+# of 64x64, which sm90 runs as one cooperative kernel with grid-wide barriers (on a Hopper GPU of 64 to 512 SMs).
 SHAPES = [pytest.param((256, 136, 64), id="256x136x64"), pytest.param((256, 136, 4096), id="split_k"),
           pytest.param((1024, 512, 1024), id="one_kernel")]
 
@@ -118,7 +118,7 @@ def test_compile_reduce_overhead():
         assert rel_err(fused.bn.running_var, ref64.bn.running_var) <= 2e-6, step
 
 
-# (1024, 512): 128 tiles of 64x64, the sm90 path's one cooperative kernel (on a Hopper GPU of 66 to 264
+# (1024, 512): 128 tiles of 64x64, the sm90 path's one cooperative kernel (on a Hopper GPU of 64 to 512
 # SMs): two of them in flight at once on two streams must neither deadlock nor change a bit.
 @pytest.mark.parametrize("m, n", [(300, 200), (1024, 512)], ids=["300x200", "one_kernel"])
 def test_two_threads_on_their_own_streams(m, n):

@@ -31,8 +31,10 @@ constexpr int kOneKernelCtasPerSm = 2;       // resident CTAs per SM (shared mem
 
 // 64x64 tiles of an M x N output.
 int64_t one_kernel_tiles(int64_t M, int64_t N);
-// Whether the forward runs as one kernel on `num_sms` SMs: every tile resident at once, and enough
-// tiles to keep the SMs busy (the rule's measurements are in the .cu).
+constexpr int64_t kOneKernelMaxKTilesPerSm = 128;  // K loop per SM, in k-tiles of 128 bytes of K
+// Whether the forward runs as one kernel on `num_sms` SMs: every tile resident at once, at least a
+// quarter of the SMs busy, and at most kOneKernelMaxKTilesPerSm k-tiles of K loop per SM (tiles x
+// ceil(K * element_bytes / 128) <= 128 x SMs). The measurements behind it are in the .cu.
 bool one_kernel_forward_fits(int64_t M, int64_t N, int64_t K, int element_bytes, int num_sms);
 // Floats of the rows' (max, sum) per column tile: 2 * ceil(N / 64) * M.
 int64_t one_kernel_row_parts_floats(int64_t M, int64_t N);
