@@ -118,6 +118,13 @@ inline void one_kernel_phase_times(unsigned long long* clock, unsigned long long
 // The consumer warpgroup's own barrier (ids 0-7 are CUTLASS's).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 8, 128;" ::: "memory"); }
 
+// The CTA's barrier after the K loop, in its non-aligned form (barrier.sync, as cooperative groups' grid
+// sync uses): each thread arrives on its own, so a warp need not arrive converged. __syncthreads() is
+// the aligned form (bar.sync), whose behaviour is undefined when a warp arrives diverged, as the loader
+// warp may after CUTLASS's elect-one producer code; with it, compute-sanitizer's racecheck reported the
+// producer warps' reads of the tile as racing the consumers' writes (git 7597ede, tests passing).
+__device__ __forceinline__ void cta_sync() { asm volatile("barrier.sync 0;" ::: "memory"); }
+
 template <class TOut>
 __device__ __forceinline__ void store_out4(void* out, int64_t offset, const float (&v)[4], bool vectors) {
   TOut* o = static_cast<TOut*>(out) + offset;
@@ -185,6 +192,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
                   cute::make_coord_iterator(shape<3>(gA_mkl)), k_tiles, thread, 0u, s.tensors.mainloop);
     write_state.advance(k_tiles);
     mainloop.load_tail(pipeline, write_state);
+    __syncwarp();  // converged again after the elected lane's waits
   } else if (consumer) {
     typename Op::PipelineState read_state;
     mainloop.mma(pipeline, read_state, acc, k_tiles, t, s.tensors.mainloop, p.mainloop);
@@ -200,8 +208,8 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
     }
   }
   // From here on all 256 threads share the work (the producer warps are idle after the K loop): more
-  // warps hide more of each step's latency.
-  __syncthreads();
+  // warps hide more of each step's latency. (The first barrier after the K loop: the tile is written.)
+  cta_sync();
   constexpr int kQuarter = kTile / 4;
   const int lane_c = thread % kTile, quarter = thread / kTile;  // column lane_c, rows (or row tiles) by quarter
   if (batch_stats) {  // the tile's column partials: mean, then M2 about it (16 rows per thread, in registers)
@@ -213,7 +221,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
       if (quarter * kQuarter + j < rows) sum += v[j];
     }
     s.quarter_sum[quarter][lane_c] = sum;
-    __syncthreads();
+    cta_sync();
     const float mean = ((s.quarter_sum[0][lane_c] + s.quarter_sum[1][lane_c]) +
                         (s.quarter_sum[2][lane_c] + s.quarter_sum[3][lane_c])) / float(rows);
     float m2 = 0.f;
@@ -223,7 +231,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
       if (quarter * kQuarter + j < rows) m2 = fmaf(d, d, m2);
     }
     s.quarter_m2[quarter][lane_c] = m2;
-    __syncthreads();
+    cta_sync();
     if (quarter == 0) {
       const int64_t slot = int64_t(m_tile) * p.partials.ld + col0 + lane_c;
       p.partials.mean[slot] = mean;
@@ -258,14 +266,14 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
         valid ? fused::detail::partials_weighted_sum(p.partials, p.M, col, t_begin, t_end) : fused::detail::PartialsSum{};
     s.quarter_n[quarter][lane_c] = part.n;
     s.quarter_weighted[quarter][lane_c] = part.weighted;
-    __syncthreads();
+    cta_sync();
     stats.n = (s.quarter_n[0][lane_c] + s.quarter_n[1][lane_c]) + (s.quarter_n[2][lane_c] + s.quarter_n[3][lane_c]);
     const double weighted = (s.quarter_weighted[0][lane_c] + s.quarter_weighted[1][lane_c]) +
                             (s.quarter_weighted[2][lane_c] + s.quarter_weighted[3][lane_c]);
     stats.mean = stats.n > 0.0 ? weighted / stats.n : 0.0;
     s.quarter_m2_all[quarter][lane_c] =
         valid ? fused::detail::partials_m2_about(p.partials, p.M, col, stats.mean, t_begin, t_end) : 0.0;
-    __syncthreads();
+    cta_sync();
     stats.m2 = (s.quarter_m2_all[0][lane_c] + s.quarter_m2_all[1][lane_c]) +
                (s.quarter_m2_all[2][lane_c] + s.quarter_m2_all[3][lane_c]);
   }
@@ -283,7 +291,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
     s.a[lane_c] = map.a;
     s.c[lane_c] = map.c;
   }
-  __syncthreads();
+  cta_sync();
   FUSED_PHASE_STAMP(4);
 
   const int r = thread / 4, part = thread % 4;  // row r, columns part * 16 ..
@@ -349,7 +357,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
     const float factor = tile_max == -INFINITY ? 0.f : expf(tile_max - row_max) / row_sum;
 #pragma unroll
     for (int j = 0; j < kQuarter; ++j) s.tensors.tile[r][part * kQuarter + j] = e[j] * factor;
-    __syncthreads();
+    cta_sync();
     for (int v = thread; v < kTile * kTile / 4; v += Op::kThreads) {
       const int rr = v / (kTile / 4), c = (v % (kTile / 4)) * 4;
       if (rr < rows && c < cols) {
