@@ -81,9 +81,11 @@ if [ "$MODE" = "sanitize" ]; then
   # compute-sanitizer over every kernel on small, odd shapes; then the pytest files in $PYTEST_FILES.
   step "compute-sanitizer"
   SM90_SMALL='Sm90GemmStats.OddM:Sm90GemmStats.NNotMultipleOfTile:Sm90GemmStats.NoBias:Sm90GemmStats.EvalModeNoStatistics:Sm90GemmStats.SplitK'
+  # the one-kernel forward: ragged tf32 in eval, one row in the last row tile, two tiles per SM
+  ONE_KERNEL='*sm90_tf32_M1000_N508_K520*:*M129_N2816*:*M300_N1800*'
   : >"$OUT/ctest.log"
   for tool in memcheck racecheck synccheck initcheck; do
-    for t in "test_cuda_kernels:*" "test_sm90_gemm_stats:$SM90_SMALL"; do
+    for t in "test_cuda_kernels:*" "test_sm90_gemm_stats:$SM90_SMALL" "test_forward_gpu:$ONE_KERNEL"; do
       bin=${t%%:*}; filter=${t#*:}
       timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "build-device/$bin" --gtest_brief=1 \
         --gtest_filter="$filter" >"$OUT/sanitizer-one.log" 2>&1

@@ -165,7 +165,10 @@ bool forward_needs_y_scratch(const ForwardProblem& p, GemmPath path);
 //   folded a, c          2 * N floats
 //   sm90: the GEMM's own (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule;
 //         with split K one fp32 128x128 tile of partial sums per output tile and its counters: about 2 MiB at
-//         1024 x 512 x 4096); 3xTF32 always runs the 128x128 tile (row_tile 128)
+//         1024 x 512 x 4096); 3xTF32 always runs the 128x128 tile (row_tile 128). Where forward() runs
+//         the one-kernel form, its partials have row_tile 64, and its own region holds each row's (max,
+//         sum) per 64-column tile (2 * ceil(N / 64) * M floats); the size is the larger of the two forms',
+//         so the same workspace also serves gemm_column_moments
 //   generic: the bias in fp32 (N floats) and cuBLASLt's workspace: 1 MiB + room for 8 fp32 copies
 //            of y (split-K partial products), at most 32 MiB (what PyTorch gives cuBLAS on Hopper)
 // Headline problem (M = 1024, N = 8192): 320 KiB on the sm90 path, 32.6 MiB on the generic path.

@@ -1,7 +1,7 @@
-// [2] Finalize: merges the per-row-tile partials of each column in a fixed order (Chan's
-// formula, double precision), updates the running statistics, and folds BatchNorm + scale
-// into the per-column affine map the softmax applies; with data-parallel statistics it merges the
-// ranks' records instead of the partials. One thread per column. Launched as a
+// [2] Finalize: merges the per-row-tile partials of each column in a fixed order (two passes in
+// double precision: detail::merge_column_partials), updates the running statistics, and folds
+// BatchNorm + scale into the per-column affine map the softmax applies; with data-parallel statistics
+// it merges the ranks' records instead of the partials. One thread per column. Launched as a
 // programmatic dependent of the GEMM: its launch hides behind the GEMM's last tiles.
 #include "fused/detail/bn_math.h"
 #include "fused/gemm_bn_softmax.h"
