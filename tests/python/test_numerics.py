@@ -69,12 +69,13 @@ def test_constant_columns_and_rows_take_the_eps_path(device, path):
     assert torch.allclose(got, torch.softmax(beta, 0).expand(m, n), rtol=1e-5, atol=1e-6)
 
 
+# (1024, 512, 64): 128 tiles of 64x64, which the sm90 path runs as one kernel (on a Hopper GPU of 64 to 512 SMs).
 @pytest.mark.parametrize("device,path", TARGETS, ids=IDS)
 @pytest.mark.parametrize("where", ["x", "w"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
-def test_non_finite_inputs_propagate_like_eager(device, path, where, value):
+@pytest.mark.parametrize("m, n, k", [(12, 8, 16), (1024, 512, 64)], ids=["12x8x16", "one_kernel"])
+def test_non_finite_inputs_propagate_like_eager(device, path, where, value, m, n, k):
     torch.manual_seed(3)
-    m, n, k = 12, 8, 16
     x, w, b = torch.rand(m, k, device=device), torch.randn(n, k, device=device), torch.randn(n, device=device)
     (x if where == "x" else w)[2, 5] = value
     precision = _precision(device, path, x.dtype)
