@@ -49,6 +49,8 @@ def is_gemm_kernel(name: str) -> bool:
 
 
 def short_name(name: str) -> str:
+    if "one_kernel_forward" in name:
+        return "sm90 one-kernel forward (GEMM + statistics + softmax)"
     if "GemmUniversal" in name:
         return "sm90 GEMM + column statistics"
     m = re.search(r"(finalize_kernel|softmax_rows_\w+|column_partials_\w*kernel|bias_rows_kernel)", name)
