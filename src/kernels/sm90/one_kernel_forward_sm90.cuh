@@ -60,7 +60,7 @@ struct OneKernelForward {
   struct SharedStorage {
     union Tensors {
       typename Mainloop::TensorStorage mainloop;  // first: the TMA stages want the base's alignment
-      float tile[kTile][kTile + 1];               // after the K loop: y, then z, then out (odd stride: no bank conflicts)
+      float tile[kTile][kTile + 1];               // after the K loop: y, then out (odd stride: fewer bank conflicts)
     } tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     // After the K loop every thread works on the tile, four to a column or a row ("quarters").

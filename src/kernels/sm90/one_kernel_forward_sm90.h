@@ -4,13 +4,14 @@
 //
 // Each CTA owns one 64x64 tile of y and never writes it out to be read back:
 //   [1] its GEMM (CUTLASS's TMA + wgmma mainloop, one producer and one consumer warpgroup) leaves the
-//       tile in registers; the CTA adds the bias, writes y where the caller keeps it, and writes the
-//       tile's column partials (mean, M2 over its 64 rows: the partials format of fused/batchnorm.h
-//       with row_tile 64);
+//       tile in registers; the CTA adds the bias, keeps the tile in shared memory, and writes its
+//       column partials (mean, M2 over its 64 rows: the partials format of fused/batchnorm.h with
+//       row_tile 64);
 //   -- grid-wide barrier (the launch is cooperative, so every CTA is resident) --
-//   [2] every CTA merges its 64 columns' partials over all row tiles, in order (finalize's merge, so
-//       every CTA of a column gets the same bits), and folds BatchNorm + scale into its map; the CTAs
-//       of row tile 0 also write save_mean / save_invstd and move the running statistics;
+//   [2] every CTA writes y where the caller keeps it; merges its 64 columns' partials over all row
+//       tiles, in order (the library's two-pass merge, four threads to a column, their parts added in
+//       a fixed order: every CTA of a column gets the same bits), and folds BatchNorm + scale into its
+//       map; the CTAs of row tile 0 also write save_mean / save_invstd and move the running statistics;
 //       then it writes each of its rows' (max, sum of exp) over its 64 columns;
 //   -- grid-wide barrier --
 //   [3] every CTA merges its rows' (max, sum) over all column tiles, in order, and writes out (and the
