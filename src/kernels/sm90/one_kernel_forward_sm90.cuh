@@ -385,8 +385,8 @@ int one_kernel_resident_ctas(int device) {
   return cuda::util::detail::cached_per_device(device, [](int d) {
     auto* kernel = one_kernel_forward_kernel<Op>;
     int sms = 0, per_sm = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Op::kSmemBytes) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
+    if (!cuda::util::sm_count(d, sms).ok() ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Op::kSmemBytes) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Op::kThreads, Op::kSmemBytes) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
