@@ -119,11 +119,21 @@ inline void one_kernel_phase_times(unsigned long long* clock, unsigned long long
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 8, 128;" ::: "memory"); }
 
 // The CTA's barrier after the K loop, in its non-aligned form (barrier.sync, as cooperative groups' grid
-// sync uses): each thread arrives on its own, so a warp need not arrive converged. __syncthreads() is
-// the aligned form (bar.sync), whose behaviour is undefined when a warp arrives diverged, as the loader
-// warp may after CUTLASS's elect-one producer code; with it, compute-sanitizer's racecheck reported the
-// producer warps' reads of the tile as racing the consumers' writes (git 7597ede, tests passing).
+// sync uses): each thread arrives on its own, so a warp need not arrive converged, as the loader warp may
+// not after CUTLASS's elect-one producer code (the aligned bar.sync of __syncthreads() is undefined then).
+// compute-sanitizer's racecheck reports accesses to the tile on the two sides of these barriers as
+// hazards, whichever barrier form is used (this one, __syncthreads(), or named barriers of 256 threads,
+// aligned or not), while the results are bitwise repeatable and within the float64 bounds in every test
+// (bench/NOTES.md, twenty-first session).
 __device__ __forceinline__ void cta_sync() { asm volatile("barrier.sync 0;" ::: "memory"); }
+
+// max that returns NaN when either operand is NaN (fmaxf returns the other one): a row with a NaN logit
+// is all NaN, as in torch.softmax, even where a whole tile's part of the row is NaN.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
 
 template <class TOut>
 __device__ __forceinline__ void store_out4(void* out, int64_t offset, const float (&v)[4], bool vectors) {
@@ -301,11 +311,11 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
   for (int j = 0; j < kQuarter; ++j) {
     const int c = part * kQuarter + j;
     e[j] = c < cols ? fused::detail::bn_logit(s.tensors.tile[r][c], s.shift[c], s.a[c], s.c[c]) : -INFINITY;
-    tile_max = fmaxf(tile_max, e[j]);
+    tile_max = max_nan(tile_max, e[j]);
   }
   // Butterflies over the row's four lanes: IEEE max and + commute, so all four get the same bits.
-  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
   float sum = 0.f;
 #pragma unroll
   for (int j = 0; j < kQuarter; ++j) {
@@ -341,7 +351,7 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
         }
         float batch_max = row_max;
 #pragma unroll
-        for (int j = 0; j < kBatch; ++j) batch_max = fmaxf(batch_max, m[j]);
+        for (int j = 0; j < kBatch; ++j) batch_max = max_nan(batch_max, m[j]);
         if (batch_max != -INFINITY) {
           float acc_sum = row_max == -INFINITY ? 0.f : row_sum * expf(row_max - batch_max);
 #pragma unroll
@@ -354,7 +364,8 @@ __global__ void __launch_bounds__(Op::kThreads, kOneKernelCtasPerSm)
       if (n_tile == 0 && part == 0 && p.row_lse != nullptr)
         p.row_lse[row] = fused::detail::log_normaliser(row_max, row_sum);
     }
-    const float factor = tile_max == -INFINITY ? 0.f : expf(tile_max - row_max) / row_sum;
+    // A tile whose part of the row is all -inf contributes 0, or NaN where the row is NaN.
+    const float factor = tile_max == -INFINITY ? 0.f * row_sum : expf(tile_max - row_max) / row_sum;
 #pragma unroll
     for (int j = 0; j < kQuarter; ++j) s.tensors.tile[r][part * kQuarter + j] = e[j] * factor;
     cta_sync();
