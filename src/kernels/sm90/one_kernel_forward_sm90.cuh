@@ -121,12 +121,11 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 8, 128;
 // The CTA's barrier after the K loop, in its non-aligned form (barrier.sync, as cooperative groups' grid
 // sync uses): each thread arrives on its own, so a warp need not arrive converged, as the loader warp may
 // not after CUTLASS's elect-one producer code (the aligned bar.sync of __syncthreads() is undefined then).
-// Not inlined, so that every warp executes the same barrier instruction: inlined, compute-sanitizer's
-// racecheck reported the loader warp's reads of the tile after the first barrier as racing the consumer
-// warps' writes before it, whichever barrier form was used (__syncthreads(), barrier.sync, named barriers
-// of 256 threads), while every result was bitwise repeatable and within the float64 bounds (bench/NOTES.md,
-// twenty-first session): the loader warp's branch may end in a copy of the barrier of its own.
-__device__ __noinline__ void cta_sync() { asm volatile("barrier.sync 0;" ::: "memory"); }
+// compute-sanitizer's racecheck reports accesses to the tile on the two sides of these barriers as
+// hazards, whichever barrier form is used (this one, __syncthreads(), or named barriers of 256 threads,
+// aligned or not), while the results are bitwise repeatable and within the float64 bounds in every test
+// (bench/NOTES.md, twenty-first session).
+__device__ __forceinline__ void cta_sync() { asm volatile("barrier.sync 0;" ::: "memory"); }
 
 // max that returns NaN when either operand is NaN (fmaxf returns the other one): a row with a NaN logit
 // is all NaN, as in torch.softmax, even where a whole tile's part of the row is NaN.
