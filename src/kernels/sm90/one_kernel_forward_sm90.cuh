@@ -122,9 +122,10 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 8, 128;
 // sync uses): each thread arrives on its own, so a warp need not arrive converged, as the loader warp may
 // not after CUTLASS's elect-one producer code (the aligned bar.sync of __syncthreads() is undefined then).
 // compute-sanitizer's racecheck reports accesses to the tile on the two sides of these barriers as
-// hazards, whichever barrier form is used (this one, __syncthreads(), or named barriers of 256 threads,
-// aligned or not), while the results are bitwise repeatable and within the float64 bounds in every test
-// (bench/NOTES.md, twenty-first session).
+// hazards (the loader warp's reads against the consumer warps' writes), whichever barrier form is used
+// (this one, __syncthreads(), named barriers of 256 threads, aligned or not, or this one not inlined),
+// while the results are bitwise repeatable and within the float64 bounds in every test (bench/NOTES.md,
+// twenty-first session).
 __device__ __forceinline__ void cta_sync() { asm volatile("barrier.sync 0;" ::: "memory"); }
 
 // max that returns NaN when either operand is NaN (fmaxf returns the other one): a row with a NaN logit
