@@ -43,13 +43,18 @@ def parse(text: str):
 GEMM_TAGS = ("nvjet", "gemm", "xmma", "cutlass")
 
 
+def is_one_kernel_forward(name: str) -> bool:
+    """The sm90 path's whole forward in one kernel (small grids): not a GEMM, though its name holds CUTLASS's types."""
+    return "one_kernel_forward" in name
+
+
 def is_gemm_kernel(name: str) -> bool:
     lower = name.lower()
-    return any(tag in lower for tag in GEMM_TAGS)
+    return not is_one_kernel_forward(name) and any(tag in lower for tag in GEMM_TAGS)
 
 
 def short_name(name: str) -> str:
-    if "one_kernel_forward" in name:
+    if is_one_kernel_forward(name):
         return "sm90 one-kernel forward (GEMM + statistics + softmax)"
     if "GemmUniversal" in name:
         return "sm90 GEMM + column statistics"

@@ -42,7 +42,7 @@ def per_call_us(graph, replays=30):
 
 def kernel_group(name):
     """The forward's stage a kernel belongs to, from its (demangled) name; other kernels keep theirs."""
-    if "one_kernel_forward" in name:  # the sm90 path's whole forward in one kernel (small grids)
+    if ncu_summary.is_one_kernel_forward(name):
         return "one kernel"
     if ncu_summary.is_gemm_kernel(name):
         return "gemm"

@@ -388,6 +388,7 @@ def test_pipeline_breakdown_groups_the_forward_kernels():
     }
     for name, group in names.items():
         assert pipeline_breakdown.kernel_group(name) == group
+        assert ncu_summary.is_gemm_kernel(name) == (group == "gemm")
     run = subprocess.run([sys.executable, os.path.join(BENCH, "pipeline_breakdown.py"), "--help"],
                          capture_output=True, text=True)
     assert run.returncode == 0 and "FUSED_DISABLE_PDL" in run.stdout
