@@ -433,5 +433,39 @@ TEST(RowSoftmaxGpu, WideRowsGiveTheSameBitsWhateverM) {
   }
 }
 
+// A row holding a NaN logit is NaN everywhere (out and log-normaliser), as torch.softmax gives, at
+// every width class (staged or in registers, clustered, one CTA a row, streaming). The NaN sits where
+// a max that drops NaN would skip it: in the first float4 a thread reads (columns 0..3 and 20..23: the
+// first chunks of threads 0 and 5), alone or beside -inf, which such a max reads as "no values yet".
+TEST(RowSoftmaxGpu, NaNInARowMakesTheWholeRowNaN) {
+  REQUIRE_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const int64_t N : {int64_t{8192}, int64_t{24000}, int64_t{40001}, int64_t{131076}, int64_t{1} << 20}) {
+    const int64_t M = 5;
+    auto y = test::random_columns(M, N, 5.0, 17 + N);
+    for (int j = 0; j < 4; ++j) y[1 * N + j] = nan;                 // row 1: thread 0's first chunk all NaN
+    for (int j = 20; j < 24; ++j) y[2 * N + j] = nan;               // row 2: thread 5's first chunk all NaN
+    y[3 * N + 0] = nan;                                             // row 3: NaN beside -inf in one chunk
+    for (int j = 1; j < 4; ++j) y[3 * N + j] = -inf;
+    y[4 * N + N - 1] = nan;                                         // row 4: NaN in the last column
+    const DeviceAffine coefs(N);
+    DeviceBuf<float> dy(y), dout(M * N), dlse(M);  // outputs NaN-poisoned: row 0 shows unwritten elements
+    const Status st = cuda::row_softmax(dy.ptr, N, M, N, coefs.affine(), dout.ptr, N, ElementType::kFloat32, dlse.ptr,
+                                        nullptr);
+    ASSERT_TRUE(st.ok()) << st.message;
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto out = dout.download();
+    const auto lse = dlse.download();
+    ASSERT_TRUE(std::isfinite(lse[0])) << "N=" << N;
+    for (int64_t n = 0; n < N; ++n) ASSERT_TRUE(std::isfinite(out[n])) << "N=" << N << " row 0 column " << n;
+    for (int64_t i = 1; i < M; ++i) {
+      EXPECT_TRUE(std::isnan(lse[i])) << "N=" << N << " row " << i;
+      int64_t not_nan = 0;
+      for (int64_t n = 0; n < N; ++n) not_nan += !std::isnan(out[i * N + n]);
+      EXPECT_EQ(not_nan, 0) << "N=" << N << " row " << i << ": elements that are not NaN";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fused

@@ -122,3 +122,19 @@ def test_very_wide_rows(device, path):
     got = gbs.gemm_bn_softmax(x, w, None, scale=3.0, path=path)
     want, _ = functional_ref64(x, w, None, scale=3.0)
     assert rel_err(got, want) <= 7e-3
+
+
+@pytest.mark.parametrize("device,path", TARGETS, ids=IDS)
+def test_nan_in_the_first_columns_of_very_wide_rows_propagates_like_eager(device, path):
+    """N > 131072 (the streaming softmax on CUDA): four adjacent NaN columns of y (a NaN in four rows
+    of W) are the first values one of that kernel's threads reads in every row; each row is NaN
+    everywhere, as in eager, not only at those columns."""
+    torch.manual_seed(7)
+    m, n, k = 4, 131076, 8
+    x, w, b = torch.rand(m, k, device=device), torch.randn(n, k, device=device), torch.randn(n, device=device)
+    w[0:4, 3] = float("nan")
+    got = gbs.gemm_bn_softmax(x, w, b, precision=_precision(device, path, x.dtype), path=path)
+    eager = torch.softmax(torch.nn.functional.batch_norm(torch.nn.functional.linear(x, w, b), None, None,
+                                                         training=True), 1)
+    assert torch.isnan(eager).all()
+    assert torch.isnan(got).all(), f"{(~torch.isnan(got)).sum().item()} elements are not NaN"

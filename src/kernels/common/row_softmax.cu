@@ -41,6 +41,7 @@
 #include "kernels/common/block_reduce.cuh"
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/cluster.cuh"
+#include "kernels/common/nan_max.cuh"
 #include "kernels/common/out_convert.cuh"
 #include "kernels/common/pdl.cuh"
 #include "util/cuda_check.h"
@@ -351,7 +352,9 @@ __global__ void __launch_bounds__(kThreads)
   float mx = -INFINITY, sum = 0.f;
   for (int64_t col = static_cast<int64_t>(threadIdx.x) * 4; col < N; col += kThreads * 4) {
     const float4 z = load_logits<kVec>(yrow, col, N, f);
-    const float m4 = fmaxf(mx, max4(z));
+    // The NaN-keeping max: a chunk holding a NaN makes m4, and so sum, NaN even when it is the
+    // thread's first chunk with values (fmaxf would leave m4 at -inf there and skip the chunk).
+    const float m4 = util::max_nan(mx, util::max_nan4(z));
     // m4 == -inf only if everything so far is -inf: keep sum at 0 instead of exp(nan).
     if (m4 != -INFINITY) {
       sum = sum * expf(mx - m4) + ((expf(z.x - m4) + expf(z.y - m4)) + (expf(z.z - m4) + expf(z.w - m4)));

@@ -24,6 +24,7 @@
 #include "cutlass/pipeline/pipeline.hpp"
 
 #include "fused/detail/bn_math.h"
+#include "kernels/common/nan_max.cuh"
 #include "kernels/common/out_convert.cuh"
 #include "kernels/sm90/one_kernel_forward_sm90.h"
 #include "util/cuda_check.h"
@@ -128,13 +129,9 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 8, 128;
 // twenty-first session).
 __device__ __forceinline__ void cta_sync() { asm volatile("barrier.sync 0;" ::: "memory"); }
 
-// max that returns NaN when either operand is NaN (fmaxf returns the other one): a row with a NaN logit
-// is all NaN, as in torch.softmax, even where a whole tile's part of the row is NaN.
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
+// The row max keeps NaN (util::max_nan): a row with a NaN logit is all NaN, as in torch.softmax, even
+// where a whole tile's part of the row is NaN.
+using cuda::util::max_nan;
 
 template <class TOut>
 __device__ __forceinline__ void store_out4(void* out, int64_t offset, const float (&v)[4], bool vectors) {
