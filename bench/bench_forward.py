@@ -4,7 +4,9 @@ Forward cases: eager PyTorch (the reference model), torch.compile (default, comp
 --compile-repeats times: "ms" is the median of the compiles' medians, "ms_range" their range; and
 max-autotune-no-cudagraphs, compiled once; compile time reported separately), the bare GEMM of the same precision
 (F.linear), and the op on its generic and sm90 paths. CUDA events, warm-up, median/min/max of
---iters runs, fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
+--iters runs in each of --rounds rounds (the order of the impls reversed every other round, so that
+the GPU's clock drift hits them alike; the compiled peers' cold compiles come between the rounds),
+fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
 vs a float64 reference; for impls under 1 ms per call (but the torch.compile peers) also "graph_ms", the
 GPU time per call from CUDA-graph replays. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
 
@@ -120,9 +122,11 @@ def rel_err(got, want):
 
 
 def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False,
-               compile_repeats=1):
-    """The forward of one shape and mode: every impl's records. The default-mode torch.compile peer is
-    compiled afresh compile_repeats times (ms: the median of the compiles' medians; ms_range)."""
+               compile_repeats=1, rounds=3):
+    """The forward of one shape and mode: every impl's records. The impls but the compiled peers are
+    timed in `rounds` alternating rounds (ms: the median of the rounds' medians; ms_rounds). The
+    default-mode torch.compile peer is compiled afresh compile_repeats times, the compiles spread
+    between the rounds (ms: the median of the compiles' medians; ms_range)."""
     dtype = MODES[mode]
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     precision = TRAIN_MODES[mode].precision
@@ -163,11 +167,11 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 pass
         for cmode in compile_modes:
             name = "compile" if cmode == "default" else "compile-max-autotune"
-            impls[name] = functools.partial(compiled_peer, ref, xd, cmode, dynamic)  # a new compile per call
+            impls[name] = functools.partial(compiled_peer, ref, xd, cmode, dynamic)  # a factory: a new compile per call
 
-        def measure(name, fn):
-            """rel error, memory and time of impl `name`'s fn, and the seconds of its first call (a
-            compile for the peers)."""
+        def measure_once(name, fn):
+            """rel error and memory of impl `name`'s fn, and the seconds of its first call (a compile for
+            the peers)."""
             t0 = time.perf_counter()
             out = fn()  # first call: compiles the torch.compile peers
             torch.cuda.synchronize()
@@ -178,32 +182,70 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
             # (compiled peers would recompile for grad; the recompute path runs without gradients only)
             if training and not name.startswith("compile") and name != "recompute":
                 rec.update({f"{key}_autograd": v for key, v in measure_memory(fn, grad=True).items()})
-            rec["ms"], rec["ms_min"], rec["ms_max"] = time_ms(fn, iters)
-            if not name.startswith("compile") and rec["ms"] < GRAPH_MS_BELOW:
-                try:
-                    rec["graph_ms"] = graph_ms_per_call(fn, iters, rec["ms"])
-                except Exception as exc:  # report, keep the event-timed figure
-                    rec["graph_ms"] = None
-                    print(f"  {case} {mode} {name}: graph capture failed: {type(exc).__name__}: {exc}",
-                          file=sys.stderr)
             return rec, first_s
 
-        for name, fn in impls.items():
+        def timed(name, fn):
+            """One timing of fn: median/min/max ms per call over iters calls, and its graph_ms."""
+            t = dict(zip(("ms", "ms_min", "ms_max"), time_ms(fn, iters)))
+            if not name.startswith("compile") and t["ms"] < GRAPH_MS_BELOW:
+                try:
+                    t["graph_ms"] = graph_ms_per_call(fn, iters, t["ms"])
+                except Exception as exc:  # report, keep the event-timed figure
+                    t["graph_ms"] = None
+                    print(f"  {case} {mode} {name}: graph capture failed: {type(exc).__name__}: {exc}",
+                          file=sys.stderr)
+            return t
+
+        def compiled_record(name, cmode_fn):
+            """A fresh cold compile of a torch.compile peer, measured and timed at once (a later reset of
+            dynamo drops its code, so it cannot wait for a later round)."""
+            with torch.compiler.config.patch(force_disable_caches=True):
+                torch._dynamo.reset()
+                fn = cmode_fn()
+                rec, first_s = measure_once(name, fn)
+                rec.update(timed(name, fn))
+            return rec, first_s
+
+        # The GPU's clocks drift over seconds (power, temperature): impls timed one after the other in a
+        # fixed order differed by 5-10 % with the same GPU work (the module against the op it runs, H200,
+        # bench/NOTES.md). So every impl but the compiled peers is timed in `rounds` rounds, the order
+        # reversed every other round, and the compiled peers' cold compiles are spread between the rounds.
+        plain = {name: fn for name, fn in impls.items() if not name.startswith("compile")}
+        compiles = [(name, fn) for name, fn in impls.items() if name.startswith("compile")
+                    for _ in range(compile_repeats if name == "compile" else 1)]
+        static, timings, compiled = {}, {name: [] for name in plain}, {}
+        for name, fn in plain.items():
             try:
-                if name.startswith("compile"):
-                    repeats = compile_repeats if name == "compile" else 1
-                    rec = merged_compile_repeats([measure(name, fn()) for _ in cold_compiles(repeats)])
-                else:
-                    rec, _ = measure(name, fn)
+                static[name], _ = measure_once(name, fn)
             except Exception as exc:  # report, keep benchmarking the others
                 print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+        for r in range(max(rounds, len(compiles))):
+            if r < rounds:
+                for name in (list(static) if r % 2 == 0 else list(reversed(list(static)))):
+                    try:
+                        timings[name].append(timed(name, plain[name]))
+                    except Exception as exc:
+                        print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+            if r < len(compiles):
+                name, cmode_fn = compiles[r]
+                try:
+                    compiled.setdefault(name, []).append(compiled_record(name, cmode_fn))
+                except Exception as exc:
+                    print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+        torch._dynamo.reset()
+
+        merged = {name: {**static[name], **merged_rounds(timings[name])} for name in static if timings[name]}
+        merged.update({name: merged_compile_repeats(reps) for name, reps in compiled.items()})
+        for name in impls:
+            if name not in merged:
                 continue
             rec = {"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": name, "training": training,
-                   **rec, "tflops": 2.0 * m * n * k / (rec["ms"] * 1e-3) / 1e12}
+                   **merged[name]}
+            rec["tflops"] = 2.0 * m * n * k / (rec["ms"] * 1e-3) / 1e12
             if name in ("generic", "sm90", "recompute", "module"):
                 rec["auto_path"] = auto_path
             if profile and name in ("sm90", "generic", "recompute", "module"):
-                rec["kernels"] = profile_kernels(fn)
+                rec["kernels"] = profile_kernels(impls[name])
             records.append(rec)
     torch.backends.cuda.matmul.allow_tf32 = False
     return records
@@ -237,6 +279,21 @@ def merged_compile_repeats(repeats):
             "ms_min": min(r["ms_min"] for r, _ in repeats), "ms_max": max(r["ms_max"] for r, _ in repeats),
             "ms_repeats": medians, "ms_range": [min(medians), max(medians)],
             "compile_s": repeats[0][1], "compile_s_repeats": [s for _, s in repeats]}
+
+
+def merged_rounds(timings):
+    """One record's timing fields from an impl's rounds (each timed()'s dict): ms and graph_ms are the
+    median of the rounds' medians, ms_rounds / graph_ms_rounds each round's, ms_min / ms_max over
+    every timed call."""
+    ms = [t["ms"] for t in timings]
+    rec = {"ms": statistics.median(ms), "ms_min": min(t["ms_min"] for t in timings),
+           "ms_max": max(t["ms_max"] for t in timings), "ms_rounds": ms}
+    if any("graph_ms" in t for t in timings):
+        graphs = [t.get("graph_ms") for t in timings]
+        known = [g for g in graphs if g is not None]
+        rec["graph_ms"] = statistics.median(known) if known else None
+        rec["graph_ms_rounds"] = graphs
+    return rec
 
 
 def measure_memory(fn, grad: bool = False):
@@ -603,7 +660,10 @@ def main():
                    help="autocast-bf16 applies to the train case only; the forward cases skip it")
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--size", default="1024x8192x8192", help="MxNxK of the headline case")
-    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--iters", type=int, default=50, help="timed calls per impl and round")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds in which each forward impl but the compiled peers is timed, the order reversed "
+                        "every other round (default 3, --quick 2); ms is the median of the rounds' medians")
     p.add_argument("--train-iters", type=int, default=None, help="timed steps per train impl (default 30, --quick 20)")
     p.add_argument("--quick", action="store_true", help="a subset: fewer sizes and iterations")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers (slow to compile)")
@@ -624,6 +684,10 @@ def main():
         a.compile_repeats = 1 if a.quick else 3
     if a.compile_repeats < 1:
         p.error("--compile-repeats must be at least 1")
+    if a.rounds is None:
+        a.rounds = 2 if a.quick else 3
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
     if not torch.cuda.is_available():
         sys.exit("bench_forward.py needs a CUDA GPU")
     iters = 30 if a.quick else max(a.iters, 30)
@@ -663,7 +727,7 @@ def main():
         else:
             result["records"] += bench_case(case, m, n, k, mode, iters, cmodes, training,
                                             a.profile and case in ("headline", "small-k"), dynamic,
-                                            a.compile_repeats)
+                                            a.compile_repeats, a.rounds)
         result["complete"] = i + 1 == len(todo)
         write_json(result, path)  # after every case: an interrupted run keeps what it measured
         torch.cuda.empty_cache()

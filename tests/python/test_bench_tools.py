@@ -459,3 +459,17 @@ def test_ab_rounds_default_pattern_reads_pipeline_breakdown_lines():
         found = ab_rounds.values_of(f.read(), ab_rounds.PIPELINE_OP)
     assert found["bf16 1024x512x4096 sm90"] == 31.4 and found["tf32 2048x512x8192 generic"] == 79.3
     assert len(found) == 8
+
+
+def test_timing_rounds_merge_to_the_median_of_the_rounds():
+    import bench_forward
+
+    rounds = [{"ms": 2.0, "ms_min": 1.9, "ms_max": 2.6, "graph_ms": 1.8},
+              {"ms": 1.0, "ms_min": 0.8, "ms_max": 1.2, "graph_ms": None},  # a failed capture
+              {"ms": 3.0, "ms_min": 2.9, "ms_max": 3.1, "graph_ms": 2.2}]
+    rec = bench_forward.merged_rounds(rounds)
+    assert rec["ms"] == 2.0 and rec["ms_rounds"] == [2.0, 1.0, 3.0]
+    assert (rec["ms_min"], rec["ms_max"]) == (0.8, 3.1)
+    assert rec["graph_ms"] == 2.0 and rec["graph_ms_rounds"] == [1.8, None, 2.2]
+    # impls timed without graphs (1 ms and slower) carry no graph fields
+    assert "graph_ms" not in bench_forward.merged_rounds([{"ms": 4.0, "ms_min": 3.9, "ms_max": 4.2}])
