@@ -4,8 +4,9 @@ Forward cases: eager PyTorch (the reference model), torch.compile (default, comp
 --compile-repeats times: "ms" is the median of the compiles' medians, "ms_range" their range; and
 max-autotune-no-cudagraphs, compiled once; compile time reported separately), the bare GEMM of the same precision
 (F.linear), and the op on its generic and sm90 paths. CUDA events, warm-up, median/min/max of
---iters runs in each of --rounds rounds (the order of the impls reversed every other round, so that
-the GPU's clock drift hits them alike; the compiled peers' cold compiles come between the rounds),
+--iters runs in each of --rounds rounds, each after 0.1 s of back-to-back calls (the order of the impls
+reversed every other round, so that the GPU's clock drift hits them alike; the compiled peers' cold
+compiles come between the rounds),
 fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
 vs a float64 reference; for impls under 1 ms per call (but the torch.compile peers) also "graph_ms", the
 GPU time per call from CUDA-graph replays. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
@@ -82,10 +83,23 @@ TRAIN_IMPLS = ("fused", "eager", "compile")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def time_ms(fn, iters: int, warmup: int = 10):
+# Seconds each timing first runs its impl back to back: the GPU's clocks follow its power draw with a lag,
+# so a timing that starts right after another impl's measured that impl's clocks too (H200: the module
+# and the op it runs 5-10 % apart by the order they ran in, bench/NOTES.md).
+SETTLE_S = 0.1
+
+
+def time_ms(fn, iters: int, warmup: int = 10, settle_s: float = 0.0):
+    """Median, min and max ms per call of fn over `iters` calls (CUDA events around each), after
+    `warmup` calls and then at least `settle_s` seconds of calls."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < settle_s:
+        for _ in range(4):
+            fn()
+        torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for s, e in zip(starts, ends):
@@ -112,7 +126,7 @@ def graph_ms_per_call(fn, iters: int, ms_per_call: float):
             fn()  # outputs dropped at once: the graph's pool reuses their memory
 
     graph = capture(body)
-    med, _, _ = time_ms(graph.replay, iters, warmup=3)
+    med, _, _ = time_ms(graph.replay, iters, warmup=3, settle_s=SETTLE_S)
     del graph
     return med / calls
 
@@ -122,7 +136,7 @@ def rel_err(got, want):
 
 
 def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False,
-               compile_repeats=1, rounds=3):
+               compile_repeats=1, rounds=2):
     """The forward of one shape and mode: every impl's records. The impls but the compiled peers are
     timed in `rounds` alternating rounds (ms: the median of the rounds' medians; ms_rounds). The
     default-mode torch.compile peer is compiled afresh compile_repeats times, the compiles spread
@@ -186,7 +200,7 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
 
         def timed(name, fn):
             """One timing of fn: median/min/max ms per call over iters calls, and its graph_ms."""
-            t = dict(zip(("ms", "ms_min", "ms_max"), time_ms(fn, iters)))
+            t = dict(zip(("ms", "ms_min", "ms_max"), time_ms(fn, iters, settle_s=SETTLE_S)))
             if not name.startswith("compile") and t["ms"] < GRAPH_MS_BELOW:
                 try:
                     t["graph_ms"] = graph_ms_per_call(fn, iters, t["ms"])
@@ -206,10 +220,11 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 rec.update(timed(name, fn))
             return rec, first_s
 
-        # The GPU's clocks drift over seconds (power, temperature): impls timed one after the other in a
-        # fixed order differed by 5-10 % with the same GPU work (the module against the op it runs, H200,
-        # bench/NOTES.md). So every impl but the compiled peers is timed in `rounds` rounds, the order
-        # reversed every other round, and the compiled peers' cold compiles are spread between the rounds.
+        # The GPU's clocks drift (power, temperature): impls timed one after the other in a fixed order
+        # differed by 5-10 % with the same GPU work (the module against the op it runs, H200,
+        # bench/NOTES.md). So each timing first settles (SETTLE_S), every impl but the compiled peers is
+        # timed in `rounds` rounds, the order reversed every other round (an even count gives every impl
+        # both neighbours equally), and the compiled peers' cold compiles are spread between the rounds.
         plain = {name: fn for name, fn in impls.items() if not name.startswith("compile")}
         compiles = [(name, fn) for name, fn in impls.items() if name.startswith("compile")
                     for _ in range(compile_repeats if name == "compile" else 1)]
@@ -458,7 +473,7 @@ def measure_train_step(model, x, g, spec, want, iters, sgd=False, profile=False,
     del out
     memory = measure_memory(step, grad=True)  # after a first step: grads and optimizer state exist, as in a loop
     rec["peak_mib"], rec["large_allocs"] = memory["peak_mib"], memory["large_allocs"]
-    rec["ms"], rec["ms_min"], rec["ms_max"] = time_ms(step, iters)
+    rec["ms"], rec["ms_min"], rec["ms_max"] = time_ms(step, iters, settle_s=SETTLE_S)
     rec["host_ms"] = host_ms(step)
     if graph and optimizer is None:
         try:
@@ -661,9 +676,9 @@ def main():
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--size", default="1024x8192x8192", help="MxNxK of the headline case")
     p.add_argument("--iters", type=int, default=50, help="timed calls per impl and round")
-    p.add_argument("--rounds", type=int, default=None,
+    p.add_argument("--rounds", type=int, default=2,
                    help="rounds in which each forward impl but the compiled peers is timed, the order reversed "
-                        "every other round (default 3, --quick 2); ms is the median of the rounds' medians")
+                        "every other round (default 2); ms is the median of the rounds' medians")
     p.add_argument("--train-iters", type=int, default=None, help="timed steps per train impl (default 30, --quick 20)")
     p.add_argument("--quick", action="store_true", help="a subset: fewer sizes and iterations")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers (slow to compile)")
@@ -684,8 +699,6 @@ def main():
         a.compile_repeats = 1 if a.quick else 3
     if a.compile_repeats < 1:
         p.error("--compile-repeats must be at least 1")
-    if a.rounds is None:
-        a.rounds = 2 if a.quick else 3
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
     if not torch.cuda.is_available():
