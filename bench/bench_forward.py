@@ -4,7 +4,7 @@ Forward cases: eager PyTorch (the reference model), torch.compile (default, comp
 --compile-repeats times: "ms" is the median of the compiles' medians, "ms_range" their range; and
 max-autotune-no-cudagraphs, compiled once; compile time reported separately), the bare GEMM of the same precision
 (F.linear), and the op on its generic and sm90 paths. CUDA events, warm-up, median/min/max of
---iters runs in each of --rounds rounds, each after 0.1 s of back-to-back calls (the order of the impls
+--iters runs in each of --rounds rounds (default 4), each after 0.1 s of back-to-back calls (the order of the impls
 reversed every other round, so that the GPU's clock drift hits them alike; the compiled peers' cold
 compiles come between the rounds),
 fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
@@ -136,7 +136,7 @@ def rel_err(got, want):
 
 
 def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False,
-               compile_repeats=1, rounds=2):
+               compile_repeats=1, rounds=4):
     """The forward of one shape and mode: every impl's records. The impls but the compiled peers are
     timed in `rounds` alternating rounds (ms: the median of the rounds' medians; ms_rounds). The
     default-mode torch.compile peer is compiled afresh compile_repeats times, the compiles spread
@@ -676,9 +676,10 @@ def main():
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--size", default="1024x8192x8192", help="MxNxK of the headline case")
     p.add_argument("--iters", type=int, default=50, help="timed calls per impl and round")
-    p.add_argument("--rounds", type=int, default=2,
+    p.add_argument("--rounds", type=int, default=4,
                    help="rounds in which each forward impl but the compiled peers is timed, the order reversed "
-                        "every other round (default 2); ms is the median of the rounds' medians")
+                        "every other round (default 4: one slow round does not move the median, as it does the "
+                        "mean that the median of two is); ms is the median of the rounds' medians")
     p.add_argument("--train-iters", type=int, default=None, help="timed steps per train impl (default 30, --quick 20)")
     p.add_argument("--quick", action="store_true", help="a subset: fewer sizes and iterations")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers (slow to compile)")
@@ -712,6 +713,7 @@ def main():
         RESULTS, f"{torch.cuda.get_device_name().split()[-1].lower()}-{now:%Y-%m-%d}.json")
     result = new_result(iters, now)
     result["train_iters"] = train_iters
+    result["rounds"] = a.rounds
     if a.resume:  # keep what an earlier, interrupted run of the same plan measured
         with open(a.resume) as f:
             earlier = json.load(f)
