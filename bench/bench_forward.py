@@ -83,9 +83,9 @@ TRAIN_IMPLS = ("fused", "eager", "compile")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-# Seconds each timing first runs its impl back to back: the GPU's clocks follow its power draw with a lag,
-# so a timing that starts right after another impl's measured that impl's clocks too (H200: the module
-# and the op it runs 5-10 % apart by the order they ran in, bench/NOTES.md).
+# Seconds each timing first runs its impl back to back, so that what ran before it weighs less (the
+# clocks follow the power draw with a lag): timed once each in a fixed order after ten warm-up calls, the
+# module and the op it runs came out 5-10 % apart, and level when settled like this (H200, bench/NOTES.md).
 SETTLE_S = 0.1
 
 
