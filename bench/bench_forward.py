@@ -211,10 +211,9 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
             return t
 
         def compiled_record(name, cmode_fn):
-            """A fresh cold compile of a torch.compile peer, measured and timed at once (a later reset of
+            """A fresh cold compile of a torch.compile peer, measured and timed at once (the next reset of
             dynamo drops its code, so it cannot wait for a later round)."""
-            with torch.compiler.config.patch(force_disable_caches=True):
-                torch._dynamo.reset()
+            for _ in cold_compiles(1):
                 fn = cmode_fn()
                 rec, first_s = measure_once(name, fn)
                 rec.update(timed(name, fn))
@@ -247,7 +246,6 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                     compiled.setdefault(name, []).append(compiled_record(name, cmode_fn))
                 except Exception as exc:
                     print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
-        torch._dynamo.reset()
 
         merged = {name: {**static[name], **merged_rounds(timings[name])} for name in static if timings[name]}
         merged.update({name: merged_compile_repeats(reps) for name, reps in compiled.items()})
