@@ -4,11 +4,10 @@ Forward cases: eager PyTorch (the reference model), torch.compile (default, comp
 --compile-repeats times: "ms" is the median of the compiles' medians, "ms_range" their range; and
 max-autotune-no-cudagraphs, compiled once; compile time reported separately), the bare GEMM of the same precision
 (F.linear), and the op on its generic and sm90 paths. CUDA events, warm-up, median/min/max of
---iters runs in each of --rounds rounds (default 4), each after 0.1 s of back-to-back calls (the order of the impls
-reversed every other round, so that the GPU's clock drift hits them alike; the compiled peers' cold
-compiles come between the rounds),
-fresh random inputs (x ~ U[0,1), default init), peak memory, rel error of every impl
-vs a float64 reference; for impls under 1 ms per call (but the torch.compile peers) also "graph_ms", the
+--iters runs in each of --rounds rounds (default 4), each after 0.1 s of back-to-back calls (the order
+of the impls reversed every other round, so that the GPU's clock drift hits them alike; the compiled
+peers' cold compiles come between the rounds), fresh random inputs (x ~ U[0,1), default init), peak
+memory, rel error of every impl vs a float64 reference; for impls under 1 ms per call (but the torch.compile peers) also "graph_ms", the
 GPU time per call from CUDA-graph replays. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
 
 Cases: headline (1024x8192x8192) in fp32 / tf32 / bf16 / fp16; eval mode; an M sweep (256..65536
@@ -219,11 +218,9 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 rec.update(timed(name, fn))
             return rec, first_s
 
-        # The GPU's clocks drift (power, temperature): impls timed one after the other in a fixed order
-        # differed by 5-10 % with the same GPU work (the module against the op it runs, H200,
-        # bench/NOTES.md). So each timing first settles (SETTLE_S), every impl but the compiled peers is
-        # timed in `rounds` rounds, the order reversed every other round (an even count gives every impl
-        # both neighbours equally), and the compiled peers' cold compiles are spread between the rounds.
+        # Against the GPU's clock drift (SETTLE_S): every impl but the compiled peers is timed in `rounds`
+        # rounds, the order reversed every other round (an even count gives every impl both neighbours
+        # equally), and the compiled peers' cold compiles are spread between the rounds.
         plain = {name: fn for name, fn in impls.items() if not name.startswith("compile")}
         compiles = [(name, fn) for name, fn in impls.items() if name.startswith("compile")
                     for _ in range(compile_repeats if name == "compile" else 1)]
@@ -233,9 +230,10 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 static[name], _ = measure_once(name, fn)
             except Exception as exc:  # report, keep benchmarking the others
                 print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+        names = list(static)
         for r in range(max(rounds, len(compiles))):
             if r < rounds:
-                for name in (list(static) if r % 2 == 0 else list(reversed(list(static)))):
+                for name in (names if r % 2 == 0 else names[::-1]):
                     try:
                         timings[name].append(timed(name, plain[name]))
                     except Exception as exc:
