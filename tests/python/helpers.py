@@ -37,6 +37,17 @@ def assert_cancelled_bias_grad(ours: torch.Tensor, eager: torch.Tensor, context=
     assert ours.double().abs().max().item() <= bound, (context, "bias", ours, eager)
 
 
+def assert_batch_sum_grad_close(ours, eager, exact, term_magnitude, tol, context=None):
+    """A gradient that is one sum over the whole batch, such as a one-element scale's (the sum of
+    dlogit * z over every logit). Its terms cancel (each row's dlogits sum to 0), so the value can be
+    far smaller than its terms and its relative error says little. Its error is measured against
+    term_magnitude, the sum of the terms' magnitudes in float64 (what a float32 sum's rounding grows
+    with): at most twice eager's error, or tol * term_magnitude."""
+    err = abs(ours.double().item() - exact.double().item())
+    err_eager = abs(eager.double().item() - exact.double().item())
+    assert err <= max(2 * err_eager, tol * term_magnitude), (context, ours, eager, exact, term_magnitude)
+
+
 def make_models(k, n, dtype, device, momentum=0.1, scale_shape=(1,), seed=0, randomize=True):
     """A reference model with non-trivial BN/scale parameters, its float64 twin and a fused copy."""
     from gemm_bn_softmax import FusedGemmBNSoftmax

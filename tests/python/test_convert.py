@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import TOL, assert_cancelled_bias_grad, rel_err
+from helpers import TOL, assert_batch_sum_grad_close, assert_cancelled_bias_grad, rel_err
 
 import gemm_bn_softmax as gbs
 from gemm_bn_softmax import ConversionWarning
@@ -486,6 +486,27 @@ def train_step(model, x, g):
     return out
 
 
+def scalar_scale_grad_terms(model64, scale_name, x64, g64):
+    """The magnitude of the terms that a one-element scale's gradient sums, in float64: sum over
+    every logit of |dlogit * z|, z the tensor the model multiplies the scale by (taken from one
+    forward of a copy of model64)."""
+    model64 = copy.deepcopy(model64)
+    scale, z = model64.get_parameter(scale_name), []
+
+    class TakeTheScaledTensor(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in ("mul", "__mul__", "__rmul__") and len(args) == 2:
+                if args[0] is scale or args[1] is scale:
+                    z.append(args[1] if args[0] is scale else args[0])
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), TakeTheScaledTensor():
+        out = model64(x64)
+    assert len(z) == 1, f"{scale_name} multiplies {len(z)} tensors"
+    dlogit = out * (g64 - (out * g64).sum(1, keepdim=True))
+    return (dlogit * z[0]).abs().sum().item()
+
+
 @pytest.mark.parametrize("model", [
     ReferenceModel(K, N, scale_shape=(N,)),
     Head(softmax="Tensor.softmax", scale="z*scale"),
@@ -511,6 +532,10 @@ def test_compile_runs_the_fused_op_in_training_and_eval(compile_fusion, model):
     for (name, p), q, r in zip(model.named_parameters(), baseline.parameters(), exact.parameters()):
         if p is linear_bias:
             assert_cancelled_bias_grad(p.grad, q.grad, name)
+        elif p.numel() == 1:
+            # a scalar temperature: one sum over the batch whose terms cancel
+            terms = scalar_scale_grad_terms(exact, name, x.double(), g.double())
+            assert_batch_sum_grad_close(p.grad, q.grad, r.grad, terms, TOL[torch.float32], name)
         else:
             # Against float64, as accurate as eager fp32 (within 2x) or the fp32 contract (1e-5). Not
             # element by element against eager: BatchNorm's backward cancels terms of the gradient's
