@@ -7,8 +7,8 @@ max-autotune-no-cudagraphs, compiled once; compile time reported separately), th
 --iters runs in each of --rounds rounds (default 4), each after 0.1 s of back-to-back calls (the order
 of the impls reversed every other round, so that the GPU's clock drift hits them alike; the compiled
 peers' cold compiles come between the rounds), fresh random inputs (x ~ U[0,1), default init), peak
-memory, rel error of every impl vs a float64 reference; for impls under 1 ms per call (but the torch.compile peers) also "graph_ms", the
-GPU time per call from CUDA-graph replays. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
+memory, rel error of every impl vs a float64 reference; for impls under 1 ms per call (but the
+torch.compile peers) also "graph_ms", the GPU time per call from CUDA-graph replays. Writes bench/results/<gpu>-<date>.json (+ .md and .png via plot_results.py).
 
 Cases: headline (1024x8192x8192) in fp32 / tf32 / bf16 / fp16; eval mode; an M sweep (256..65536
 at N = K = 8192); an N sweep (512..131072 at M = 1024, K = 4096); a small-K case; train.
@@ -218,6 +218,9 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                 rec.update(timed(name, fn))
             return rec, first_s
 
+        def failed(name, exc):  # report, keep benchmarking the others
+            print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+
         # Against the GPU's clock drift (SETTLE_S): every impl but the compiled peers is timed in `rounds`
         # rounds, the order reversed every other round (an even count gives every impl both neighbours
         # equally), and the compiled peers' cold compiles are spread between the rounds.
@@ -228,8 +231,8 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
         for name, fn in plain.items():
             try:
                 static[name], _ = measure_once(name, fn)
-            except Exception as exc:  # report, keep benchmarking the others
-                print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+            except Exception as exc:
+                failed(name, exc)
         names = list(static)
         for r in range(max(rounds, len(compiles))):
             if r < rounds:
@@ -237,13 +240,13 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
                     try:
                         timings[name].append(timed(name, plain[name]))
                     except Exception as exc:
-                        print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+                        failed(name, exc)
             if r < len(compiles):
                 name, cmode_fn = compiles[r]
                 try:
                     compiled.setdefault(name, []).append(compiled_record(name, cmode_fn))
                 except Exception as exc:
-                    print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+                    failed(name, exc)
 
         merged = {name: {**static[name], **merged_rounds(timings[name])} for name in static if timings[name]}
         merged.update({name: merged_compile_repeats(reps) for name, reps in compiled.items()})
