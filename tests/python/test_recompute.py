@@ -161,3 +161,21 @@ def test_forced_recompute_refusals_say_why():
         with pytest.raises(RuntimeError, match="16-byte aligned"):
             gbs.gemm_bn_softmax(x_odd, w_odd, path="recompute")
         assert torch.isfinite(gbs.gemm_bn_softmax(x_odd, w_odd)).all()  # the automatic path runs it
+
+
+@requires_cuda
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+def test_a_column_tile_of_nan_makes_its_rows_nan_like_eager(training):
+    """NaN in W's first 128 rows: every logit of one 128-column tile is NaN. The tile's row max must
+    keep the NaN (a max that skipped it would leave -inf, the tile would add 0 to the row's sum, and
+    the row would come out NaN at those columns only); torch.softmax gives NaN across the row."""
+    args = list(_args("cuda", m=64, n=256, k=32, dtype=torch.bfloat16, training=training))
+    args[1][0:128, 5] = float("nan")
+    x, w, b, gamma, beta, rm, rv, _, scale, _, momentum, eps = args
+    with torch.no_grad():
+        got = op(*_clone(args), None, "recompute", keep_y=False)[0]
+        y = torch.nn.functional.linear(x.float(), w.float(), b.float())
+        eager = torch.softmax(torch.nn.functional.batch_norm(y, rm.clone(), rv.clone(), gamma, beta, training,
+                                                             momentum, eps) * scale, 1)
+    assert torch.isnan(eager).all()  # the premise
+    assert torch.isnan(got).all(), f"{(~torch.isnan(got)).sum().item()} finite outputs"

@@ -1,6 +1,7 @@
 // The recompute path's dispatch on the input type, and [R3]: each row's (max, sum) pairs of [R2],
 // one per column tile, merged in column-tile order into (max, 1 / sum) and the log-normaliser.
 #include "fused/detail/bn_math.h"
+#include "kernels/common/nan_max.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/recompute/recompute.h"
 #include "util/cuda_check.h"
@@ -22,10 +23,10 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= M) return;
-  float mx = -INFINITY;
-  for (int64_t b = lane; b < col_tiles; b += 32) mx = fmaxf(mx, row_parts[2 * (b * M + row)]);
+  float mx = -INFINITY;  // NaN from any tile's max stays NaN (a tile's NaN reaches the row)
+  for (int64_t b = lane; b < col_tiles; b += 32) mx = util::max_nan(mx, row_parts[2 * (b * M + row)]);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) mx = util::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
   float sum = 0.f;
   for (int64_t b = lane; b < col_tiles; b += 32) {
     const float2 pair = *reinterpret_cast<const float2*>(row_parts + 2 * (b * M + row));

@@ -14,6 +14,7 @@
 
 #include "fused/detail/bn_math.h"
 #include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/nan_max.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/recompute/recompute.h"
 #include "util/cuda_check.h"
@@ -365,16 +366,18 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
       }
     } else if constexpr (kPass == Pass::kRowPartials) {
       // Each row's max over the tile's columns (red rows 0-1: one per warp column half), then its
-      // sum of exp(z - max) (red rows 2-3).
+      // sum of exp(z - max) (red rows 2-3). The max keeps NaN: a tile row of NaN only would
+      // otherwise leave max -inf and add 0, and the row would come out NaN at those columns only.
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float mx = -INFINITY;
 #pragma unroll
-          for (int ni = 0; ni < 8; ++ni) mx = fmaxf(mx, fmaxf(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          for (int ni = 0; ni < 8; ++ni)
+            mx = util::max_nan(mx, util::max_nan(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
+          mx = util::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = util::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           if (t == 0) red[warp_n][acc_row(warp_m, mi, 2 * h, g)] = mx;
         }
       __syncthreads();
@@ -383,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = acc_row(warp_m, mi, 2 * h, g);
-          const float mx = fmaxf(red[0][row], red[1][row]);
+          const float mx = util::max_nan(red[0][row], red[1][row]);
           float s = 0.f;
           if (mx != -INFINITY) {  // a row of -inf logits adds 0, not exp(nan)
 #pragma unroll
@@ -396,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_pass_kernel(PassParams 
       __syncthreads();
       if (tid < rows_here) {
         float* pair = p.row_parts + 2 * ((n0 / kTN) * p.M + m0 + tid);
-        pair[0] = fmaxf(red[0][tid], red[1][tid]);
+        pair[0] = util::max_nan(red[0][tid], red[1][tid]);
         pair[1] = red[2][tid] + red[3][tid];
       }
     } else {
