@@ -10,17 +10,24 @@
 //   Columns in [N, ld) are written with the statistics of the zero-filled OOB accumulators.
 //   A CTA that lies wholly past M (possible inside a partially OOB cluster) writes nothing.
 //
-// Numerics. Raw sums of y and y^2 lose the variance when |mean| / std is large. Instead:
-//   1. per thread and column: shifted sums  K = the thread's first visited value of the column,
-//      S1 = sum(v - K), S2 = sum((v - K)^2)   (v - K is exact when |mean| >> std: Sterbenz);
-//   2. per thread: M2 = S2 - S1^2 / n;  the state (n, K, S1, M2) has mean = K + S1 / n;
-//   3. merge across the lanes of a warp (swap-shuffle butterfly) and across the warps (smem) with
-//      Chan's formula in the shifted frame:
-//        dK = K_b - K_a,  delta = dK + S1_b/n_b - S1_a/n_a,
-//        M2 = M2_a + M2_b + delta^2 n_a n_b / n,   S1 = S1_a + S1_b + n_b dK,   K = K_a,
-//      so that mean differences are never formed from two rounded large means.
-//   All merges happen in a fixed order (lower lane / lower warp is operand a): bitwise
-//   deterministic. Invalid rows (row >= M, zero-filled by TMA) are skipped.
+// Numerics. Raw sums of y and y^2 lose the variance when |mean| / std is large. Instead, shifted sums:
+//   1. per warp and column, a shift K = the median of the warp's first three rows in that column
+//      (three shuffles at the first visit); per thread S1 = sum(v - K), S2 = sum((v - K)^2) over its
+//      valid rows (v - K is exact when |mean| >> std: Sterbenz);
+//   2. the lanes of a warp share the shift, so their sums add: a swap-shuffle butterfly of S1 and S2;
+//   3. across the warps (smem), one thread per column moves each warp's sums to a common shift C, warp
+//      0's mean, and adds them:  d = K_w - C,  S1 += S1_w + n_w d,  S2 += S2_w + d (2 S1_w + n_w d);
+//      then M2 = S2 - S1^2 / n and mean = C + S1 / n.
+//   S2 - S1^2 / n cancels n (mean - shift)^2, so the shifts set the rounding error, worst where a row
+//   that holds most of a column's variance is a shift: the median keeps one such row out of it.
+//   bench/partials_rounding.py emulates the tile's order in float32 (relative error of M2, worst of
+//   1000 columns): U(-1,1) data 2.0e-7 (the per-thread shifts with Chan merges this replaced: 2.0e-7);
+//   an outlier of 1000 spreads in row 0 3.9e-7 (9.5e-7; 8.5e-6 with the first row as the shift, 8.7e-5
+//   with one shift for the tile); two outliers of one sign in rows 0 and 1 4.1e-6 (7.8e-7).
+//   The sums run in a fixed order: bitwise deterministic. Invalid rows (row >= M, zero-filled by TMA)
+//   are skipped. Why not Chan merges: 28 merges per thread and 7 per column a tile, where at K = 64 the
+//   epilogue is most of the kernel (H200, GEMM + statistics with the first row as the shift:
+//   4096x8192x64 bf16 0.056 against 0.072 ms; 1024x8192x8192 0.179 against 0.183 ms).
 //
 // Intended placement: reduce the accumulator *before* the bias is added (the bias is folded into
 // the reported mean at the end; M2 does not change):
@@ -110,34 +117,6 @@ struct Sm90ColumnPartials {
     return EmptyProducerLoadCallbacks{};
   }
 
-  // Chan merge of (na, Ka, S1a, M2a) and (nb, Kb, S1b, M2b) in the shifted frame; the per-merge
-  // scalars depend only on the counts, which are uniform over a thread's columns.
-  struct MergeScalars {
-    float wa, wb, c, nb;   // 1/na (0 if na==0), 1/nb (0 if nb==0), na*nb/n (0 if n==0), nb
-    bool a_empty;
-    CUTLASS_DEVICE static MergeScalars make(int na, int nb) {
-      MergeScalars s;
-      int n = na + nb;
-      s.wa = na > 0 ? 1.0f / float(na) : 0.0f;
-      s.wb = nb > 0 ? 1.0f / float(nb) : 0.0f;
-      s.c = n > 0 ? float(na) * float(nb) / float(n) : 0.0f;
-      s.nb = float(nb);
-      s.a_empty = na == 0;
-      return s;
-    }
-  };
-
-  CUTLASS_DEVICE static void
-  chan_merge(MergeScalars const& s, float Ka, float S1a, float M2a, float Kb, float S1b, float M2b,
-             float& K, float& S1, float& M2) {
-    float K0 = s.a_empty ? Kb : Ka;             // an empty side must not move the shift
-    float dK = Kb - K0;                         // exact when the means are close (Sterbenz)
-    float delta = dK + (S1b * s.wb - S1a * s.wa);
-    M2 = M2a + M2b + delta * delta * s.c;
-    S1 = S1a + S1b + s.nb * dK;
-    K = K0;
-  }
-
   template <
     class RTensor,          // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) fp32 registers, stride 0 over the M modes
     class CTensor,          // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) static coordinates relative to the thread
@@ -151,13 +130,13 @@ struct Sm90ColumnPartials {
   struct ConsumerStoreCallbacks : EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE
     ConsumerStoreCallbacks(RTensor&& tCrK_, RTensor&& tCrS1_, RTensor&& tCrS2_, CTensor tCcD_, OrdTensor tCoD_,
-                           ThrResidue residue_tCcD_, LaneLayoutMN lane_layout_MN_, int lane_m_,
+                           ThrResidue residue_tCcD_, LaneLayoutMN lane_layout_MN_, int lane_m_, int row0_lane_,
                            WarpLayoutMN warp_layout_MN_, int warp_m_, bool cta_has_rows_,
                            int m_tile_, int n_tile_, int N_, EpiTile epi_tile_,
                            TiledCopy tiled_copy_, int thread_idx_, Params const& params_)
       : tCrK(cute::forward<RTensor>(tCrK_)), tCrS1(cute::forward<RTensor>(tCrS1_)),
         tCrS2(cute::forward<RTensor>(tCrS2_)), tCcD(tCcD_), tCoD(tCoD_), residue_tCcD(residue_tCcD_),
-        lane_layout_MN(lane_layout_MN_), lane_m(lane_m_), warp_layout_MN(warp_layout_MN_), warp_m(warp_m_),
+        lane_layout_MN(lane_layout_MN_), lane_m(lane_m_), row0_lane(row0_lane_), warp_layout_MN(warp_layout_MN_), warp_m(warp_m_),
         cta_has_rows(cta_has_rows_), m_tile(m_tile_), n_tile(n_tile_), N(N_),
         epi_tile(epi_tile_), tiled_copy(tiled_copy_), thread_idx(thread_idx_), params(params_) { }
 
@@ -169,6 +148,7 @@ struct Sm90ColumnPartials {
     ThrResidue residue_tCcD;          // (m,n)
     LaneLayoutMN lane_layout_MN;
     int lane_m;
+    int row0_lane;                    // the lane holding the warp's first row of this thread's columns
     WarpLayoutMN warp_layout_MN;
     int warp_m;
     bool cta_has_rows;                // false: CTA wholly past M (or N) in a partially OOB cluster
@@ -198,16 +178,22 @@ struct Sm90ColumnPartials {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
         int idx = epi_v * FragmentSize + i;
-        if (get<0>(tCcD_mn(idx)) < get<0>(residue_tCcD)) {                     // row < M
-          float v = static_cast<float>(frg_input[i]);
-          if (tCoD_mn(idx) == 0) {
-            tCrK_mn(idx) = v;                                                   // first visit: the shift
-          }
-          else {
-            float d = v - tCrK_mn(idx);
-            tCrS1_mn(idx) += d;
-            tCrS2_mn(idx) = fmaf(d, d, tCrS2_mn(idx));
-          }
+        float v = static_cast<float>(frg_input[i]);
+        bool valid = get<0>(tCcD_mn(idx)) < get<0>(residue_tCcD);                // row < M
+        if (tCoD_mn(idx) == 0) {
+          // First visit (every lane's, here: the shuffles are convergent): the shift, the median of
+          // the warp's first three rows in this column. A row past M offers NaN, which the median's
+          // fminf / fmaxf pass over; row 0 is valid whenever the warp has a valid row.
+          float offer = valid ? v : __int_as_float(0x7fc00000);
+          float r0 = __shfl_sync(0xFFFFFFFF, offer, row0_lane);
+          float r1 = __shfl_sync(0xFFFFFFFF, offer, row0_lane + int(lane_layout_MN(_1{}, _0{})));
+          float r2 = __shfl_sync(0xFFFFFFFF, offer, row0_lane + int(lane_layout_MN(_2{}, _0{})));
+          tCrK_mn(idx) = fmaxf(fminf(r0, r1), fminf(fmaxf(r0, r1), r2));
+        }
+        if (valid) {
+          float d = v - tCrK_mn(idx);
+          tCrS1_mn(idx) += d;
+          tCrS2_mn(idx) = fmaf(d, d, tCrS2_mn(idx));
         }
       }
       return frg_input;
@@ -229,54 +215,44 @@ struct Sm90ColumnPartials {
 
       Tensor fK = filter(tCrK);                                                  // (COLS)
       Tensor fS1 = filter(tCrS1);                                                // (COLS)
-      Tensor fM2 = filter(tCrS2);                                                // (COLS)
+      Tensor fS2 = filter(tCrS2);                                                // (COLS)
       constexpr int Cols = decltype(size(fK))::value;
-      {
-        float inv_n = n_thr > 0 ? 1.0f / float(n_thr) : 0.0f;
-        for_each(make_int_sequence<Cols>{}, [&](auto j) {
-          float m2 = fM2(j) - fS1(j) * fS1(j) * inv_n;                            // S2 -> M2
-          fM2(j) = m2 < 0.0f ? 0.0f : m2;                                        // keeps NaN
-        });
-      }
-
-      // 2. Warp: swap-shuffle butterfly over the lanes that share columns. At the stage with
-      //    lane-M distance m, the lane with (lane_m & m) == 0 keeps the lower half of its live
-      //    chunks and sends the upper half; its partner does the opposite. After all stages lane
-      //    lane_m holds chunk lane_m (Cols / LanesM consecutive entries) reduced over the warp's rows.
       constexpr int LanesM = decltype(size<0>(lane_layout_MN))::value;
       static_assert(Cols % LanesM == 0, "columns per thread must split over the lanes in M");
       constexpr int Chunk = Cols / LanesM;
       constexpr int Stages = cute::log_2(static_cast<unsigned>(LanesM));
-      static_assert((1 << Stages) == LanesM, "lanes in M must be a power of two");
+      static_assert((1 << Stages) == LanesM && LanesM >= 4, "lanes in M: a power of two, at least 4 (the shift's three rows)");
 
+      // 2. Warp: the lanes share each column's shift, so their sums add. Swap-shuffle butterfly over
+      //    the lanes that share columns: at the stage with lane-M distance m, the lane with
+      //    (lane_m & m) == 0 keeps the lower half of its live chunks and sends the upper half; its
+      //    partner does the opposite. After all stages lane lane_m holds chunk lane_m (Cols / LanesM
+      //    consecutive entries) summed over the warp's rows. A shift stays put: the partner has it too.
       for_each(make_int_sequence<Stages>{}, [&](auto s) {
-        constexpr int m = LanesM >> (decltype(s)::value + 1);   // lane-M distance of this stage
-        constexpr int Half = m * Chunk;                          // live entries: [0, 2*Half)
+        constexpr int m = LanesM >> (decltype(s)::value + 1);
+        constexpr int Half = m * Chunk;
         int lane_xor = lane_layout_MN(m, _0{});
         bool upper = (lane_m & m) != 0;
-        int n_partner = __shfl_xor_sync(0xFFFFFFFF, n_thr, lane_xor);
-        int na = upper ? n_partner : n_thr;
-        int nb = upper ? n_thr : n_partner;
-        MergeScalars ms = MergeScalars::make(na, nb);
+        n_thr += __shfl_xor_sync(0xFFFFFFFF, n_thr, lane_xor);
         for_each(make_int_sequence<Half>{}, [&](auto r) {
           constexpr int lo = decltype(r)::value;
           constexpr int hi = lo + Half;
           float keepK  = upper ? fK(Int<hi>{})  : fK(Int<lo>{});
           float keepS1 = upper ? fS1(Int<hi>{}) : fS1(Int<lo>{});
-          float keepM2 = upper ? fM2(Int<hi>{}) : fM2(Int<lo>{});
-          float sendK  = upper ? fK(Int<lo>{})  : fK(Int<hi>{});
+          float keepS2 = upper ? fS2(Int<hi>{}) : fS2(Int<lo>{});
           float sendS1 = upper ? fS1(Int<lo>{}) : fS1(Int<hi>{});
-          float sendM2 = upper ? fM2(Int<lo>{}) : fM2(Int<hi>{});
-          float recvK  = __shfl_xor_sync(0xFFFFFFFF, sendK, lane_xor);
+          float sendS2 = upper ? fS2(Int<lo>{}) : fS2(Int<hi>{});
           float recvS1 = __shfl_xor_sync(0xFFFFFFFF, sendS1, lane_xor);
-          float recvM2 = __shfl_xor_sync(0xFFFFFFFF, sendM2, lane_xor);
-          // operand a = the lower lane's data, b = the upper lane's data
-          float Ka = upper ? recvK : keepK,   Kb = upper ? keepK : recvK;
-          float S1a = upper ? recvS1 : keepS1, S1b = upper ? keepS1 : recvS1;
-          float M2a = upper ? recvM2 : keepM2, M2b = upper ? keepM2 : recvM2;
-          chan_merge(ms, Ka, S1a, M2a, Kb, S1b, M2b, fK(Int<lo>{}), fS1(Int<lo>{}), fM2(Int<lo>{}));
+          float recvS2 = __shfl_xor_sync(0xFFFFFFFF, sendS2, lane_xor);
+          fK(Int<lo>{}) = keepK;
+          fS1(Int<lo>{}) = keepS1 + recvS1;   // an fp32 add commutes: both lanes get the same bits
+          fS2(Int<lo>{}) = keepS2 + recvS2;
         });
-        n_thr = na + nb;
+      });
+      // A warp without valid rows took its shift from a zero-filled row (NaN where W's row holds inf
+      // or NaN): 0 instead, so that step 4's d stays finite (the warp adds nothing there anyway).
+      for_each(make_int_sequence<Chunk>{}, [&](auto j) {
+        fK(j) = n_thr > 0 ? fK(j) : 0.0f;
       });
 
       // 3. CTA: dump each warp's partial to smem (the current D staging buffer, as Sm90RowReduction).
@@ -291,7 +267,7 @@ struct Sm90ColumnPartials {
       float* smem = reinterpret_cast<float*>(raw_pointer_cast(smem_buffer.data()));
       Tensor sK  = make_tensor(make_smem_ptr(smem), sBuf_layout);
       Tensor sS1 = make_tensor(make_smem_ptr(smem + BufElems), sBuf_layout);
-      Tensor sM2 = make_tensor(make_smem_ptr(smem + 2 * BufElems), sBuf_layout);
+      Tensor sS2 = make_tensor(make_smem_ptr(smem + 2 * BufElems), sBuf_layout);
       int* sCount = reinterpret_cast<int*>(smem + 3 * BufElems);                             // (WARPS_M)
 
       sync_fn();   // the staging buffer may still be read by other threads
@@ -302,14 +278,14 @@ struct Sm90ColumnPartials {
                          sK(_,_,warp_m), epi_tile, tiled_copy, thread_idx));                  // (COLS)
         Tensor tCsS1 = filter(cutlass::epilogue::fusion::sm90_partition_for_epilogue<RefSrc>(
                          sS1(_,_,warp_m), epi_tile, tiled_copy, thread_idx));                 // (COLS)
-        Tensor tCsM2 = filter(cutlass::epilogue::fusion::sm90_partition_for_epilogue<RefSrc>(
-                         sM2(_,_,warp_m), epi_tile, tiled_copy, thread_idx));                 // (COLS)
+        Tensor tCsS2 = filter(cutlass::epilogue::fusion::sm90_partition_for_epilogue<RefSrc>(
+                         sS2(_,_,warp_m), epi_tile, tiled_copy, thread_idx));                 // (COLS)
         static_assert(decltype(size(tCsK))::value == Cols, "smem and register partitions disagree");
         for_each(make_int_sequence<Chunk>{}, [&](auto i) {
           int f = lane_m * Chunk + decltype(i)::value;   // original filtered index of this entry
           tCsK(f) = fK(i);
           tCsS1(f) = fS1(i);
-          tCsM2(f) = fM2(i);
+          tCsS2(f) = fS2(i);
         });
         if (canonical_lane_idx() == 0) {
           sCount[warp_m] = n_thr;
@@ -318,31 +294,29 @@ struct Sm90ColumnPartials {
 
       sync_fn();
 
-      // 4. One thread per column merges the warps in a fixed pairwise tree, folds in the bias,
-      //    and stores the tile's partial with plain (coalesced) stores.
+      // 4. One thread per column adds the warps' sums, moved to a common shift C = warp 0's mean
+      //    (the header's step 3), in warp order, folds in the bias, and stores the tile's partial
+      //    with plain (coalesced) stores. Warp 0 holds the tile's first row, valid since
+      //    cta_has_rows: n_0 > 0.
       static_assert(CtaN <= NumThreads, "one consumer thread per tile column");
       if (thread_idx < CtaN) {
         int col = thread_idx;
-        float K[WarpsM], S1[WarpsM], M2[WarpsM];
-        int n[WarpsM];
+        float C = sK(0, col, 0) + sS1(0, col, 0) / float(sCount[0]);
+        float S1 = 0.0f, S2 = 0.0f;
+        int n = 0;
         for_each(make_int_sequence<WarpsM>{}, [&](auto w) {
-          K[w] = sK(0, col, w);
-          S1[w] = sS1(0, col, w);
-          M2[w] = sM2(0, col, w);
-          n[w] = sCount[w];
+          int nw = sCount[w];
+          float fnw = float(nw);
+          float d = sK(0, col, w) - C;     // exact when the shift and C are close (Sterbenz)
+          float s1 = sS1(0, col, w);
+          S2 += nw > 0 ? fmaf(d, fmaf(fnw, d, 2.0f * s1), sS2(0, col, w)) : 0.0f;
+          S1 += nw > 0 ? fmaf(fnw, d, s1) : 0.0f;
+          n += nw;
         });
-        for_each(make_int_sequence<cute::log_2(static_cast<unsigned>(WarpsM))>{}, [&](auto s) {
-          constexpr int step = 1 << decltype(s)::value;
-          for_each(make_int_sequence<WarpsM / (2 * step)>{}, [&](auto p) {
-            constexpr int a = decltype(p)::value * 2 * step;
-            constexpr int b = a + step;
-            MergeScalars ms = MergeScalars::make(n[a], n[b]);
-            chan_merge(ms, K[a], S1[a], M2[a], K[b], S1[b], M2[b], K[a], S1[a], M2[a]);
-            n[a] = n[a] + n[b];
-          });
-        });
-        static_assert((WarpsM & (WarpsM - 1)) == 0, "warps in M must be a power of two");
-        float mean = n[0] > 0 ? K[0] + S1[0] / float(n[0]) : 0.0f;
+        float inv_n = 1.0f / float(n);
+        float m2 = S2 - S1 * S1 * inv_n;
+        m2 = m2 < 0.0f ? 0.0f : m2;                                              // keeps NaN
+        float mean = C + S1 * inv_n;
         int gcol = n_tile * CtaN + col;
         if (params.ptr_bias != nullptr && gcol < N) {
           mean += static_cast<float>(params.ptr_bias[gcol]);
@@ -350,7 +324,7 @@ struct Sm90ColumnPartials {
         int64_t ld = int64_t((N + CtaN - 1) / CtaN) * CtaN;
         int64_t offset = int64_t(m_tile) * ld + gcol;
         params.ptr_mean[offset] = mean;
-        params.ptr_m2[offset] = M2[0];
+        params.ptr_m2[offset] = m2;
       }
 
       sync_fn();   // the collective reuses the staging buffer right after reduce()
@@ -420,7 +394,7 @@ struct Sm90ColumnPartials {
                                   decltype(warp_layout_MN), decltype(args.epi_tile),
                                   decltype(args.tiled_copy)>(
       cute::move(tCrK), cute::move(tCrS1), cute::move(tCrS2), args.tCcD, tCoD, args.residue_tCcD,
-      lane_layout_MN, int(get<0>(lane_mn)), warp_layout_MN, int(get<0>(warp_mn)), cta_has_rows,
+      lane_layout_MN, int(get<0>(lane_mn)), int(lane_layout_MN(_0{}, get<1>(lane_mn))), warp_layout_MN, int(get<0>(warp_mn)), cta_has_rows,
       int(m), int(n), int(N), args.epi_tile, args.tiled_copy, args.thread_idx, params);
   }
 };
