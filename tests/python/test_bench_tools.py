@@ -473,3 +473,38 @@ def test_timing_rounds_merge_to_the_median_of_the_rounds():
     assert rec["graph_ms"] == 2.0 and rec["graph_ms_rounds"] == [1.8, None, 2.2]
     # impls timed without graphs (1 ms and slower) carry no graph fields
     assert "graph_ms" not in bench_forward.merged_rounds([{"ms": 4.0, "ms_min": 3.9, "ms_max": 4.2}])
+
+
+def test_partials_rounding_emulation_orders_the_shift_choices():
+    """bench/partials_rounding.py: the statistics epilogue's reduction order in float32. Typical columns
+    are within a few roundings of M2 whatever the shift; a column whose variance sits in row 0 is what
+    separates them: the median of three rows keeps it, the warp's first row as the shift loses about
+    ten times more, one shift for the whole tile more still."""
+    import numpy as np
+
+    import partials_rounding as pr
+
+    rng = np.random.default_rng(7)
+
+    def worst(scheme, make, columns=20):
+        err = 0.0
+        for _ in range(columns):
+            col = make().astype(np.float32)
+            c64 = col.astype(np.float64)
+            m2 = ((c64 - c64.mean()) ** 2).sum()
+            err = max(err, abs(float(scheme(col)) - m2) / m2)
+        return err
+
+    def typical():
+        return rng.uniform(-1, 1, 256)
+
+    def outlier():
+        return np.r_[1000 * rng.uniform(0.5, 1), rng.uniform(-1, 1, 255)]
+
+    assert worst(pr.warp_shift, typical) < 1e-6
+    assert worst(pr.per_thread_chan, typical) < 1e-6
+    adopted = worst(pr.warp_shift, outlier)
+    first_row = worst(lambda c: pr.warp_shift(c, True), outlier)
+    assert adopted < 1e-6
+    assert first_row > 5 * adopted
+    assert worst(pr.one_shift, outlier) > 3 * first_row
