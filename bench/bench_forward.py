@@ -17,6 +17,8 @@ The train case times what a user runs to train the block: one step = zero_grad(s
 out = model(x), loss = (out * g).sum() with a fixed random g, loss.backward() (x requires grad, as
 for a head inside a network), for FusedGemmBNSoftmax ("fused"), the reference model ("eager") and
 torch.compile of it ("compile", compiled afresh 3 times: "ms" is the median of the three medians).
+fused and eager are timed as the forward impls are: in --rounds alternating rounds, each after 0.1 s of
+steps, the peer's cold compiles between the rounds.
 Modes: bf16, fp16, tf32, 3xtf32 (fp32-grade on TF32 tensor cores; its peers run exact fp32), fp32
 and autocast-bf16 (fp32 model, forward + loss under
 torch.autocast(bfloat16), backward outside it) at the headline shape; an M sweep (256..16384 at
@@ -134,6 +136,31 @@ def rel_err(got, want):
     return ((got.double() - want).norm() / want.norm()).item()
 
 
+def alternating_rounds(plain, timed, rounds, compiles=(), compile_one=None, failed=None):
+    """Times the impls of `plain` (name -> fn, in order) in `rounds` rounds, the order reversed every other
+    round (an even count gives every impl both neighbours equally), against the GPU's clock drift
+    (SETTLE_S); the compile jobs ((name, factory) pairs, for compile_one) run one after each round while
+    they last, so the compiled peers' cold compiles spread between the rounds. An impl that raises is
+    reported through failed(name, exc) and the rest go on. Returns ({name: [timed(name, fn) per round]},
+    {name: [compile_one(name, factory) per job]})."""
+    timings, compiled = {name: [] for name in plain}, {}
+    names = list(plain)
+    for r in range(max(rounds, len(compiles))):
+        if r < rounds:
+            for name in (names if r % 2 == 0 else names[::-1]):
+                try:
+                    timings[name].append(timed(name, plain[name]))
+                except Exception as exc:
+                    failed(name, exc)
+        if r < len(compiles):
+            name, factory = compiles[r]
+            try:
+                compiled.setdefault(name, []).append(compile_one(name, factory))
+            except Exception as exc:
+                failed(name, exc)
+    return timings, compiled
+
+
 def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, profile=False, dynamic=False,
                compile_repeats=1, rounds=4):
     """The forward of one shape and mode: every impl's records. The impls but the compiled peers are
@@ -221,32 +248,18 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
         def failed(name, exc):  # report, keep benchmarking the others
             print(f"  {case} {mode} {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
 
-        # Against the GPU's clock drift (SETTLE_S): every impl but the compiled peers is timed in `rounds`
-        # rounds, the order reversed every other round (an even count gives every impl both neighbours
-        # equally), and the compiled peers' cold compiles are spread between the rounds.
+        # Every impl but the compiled peers in alternating rounds, the peers' cold compiles between them.
         plain = {name: fn for name, fn in impls.items() if not name.startswith("compile")}
         compiles = [(name, fn) for name, fn in impls.items() if name.startswith("compile")
                     for _ in range(compile_repeats if name == "compile" else 1)]
-        static, timings, compiled = {}, {name: [] for name in plain}, {}
+        static = {}
         for name, fn in plain.items():
             try:
                 static[name], _ = measure_once(name, fn)
             except Exception as exc:
                 failed(name, exc)
-        names = list(static)
-        for r in range(max(rounds, len(compiles))):
-            if r < rounds:
-                for name in (names if r % 2 == 0 else names[::-1]):
-                    try:
-                        timings[name].append(timed(name, plain[name]))
-                    except Exception as exc:
-                        failed(name, exc)
-            if r < len(compiles):
-                name, cmode_fn = compiles[r]
-                try:
-                    compiled.setdefault(name, []).append(compiled_record(name, cmode_fn))
-                except Exception as exc:
-                    failed(name, exc)
+        timings, compiled = alternating_rounds({name: plain[name] for name in static}, timed, rounds, compiles,
+                                               compiled_record, failed)
 
         merged = {name: {**static[name], **merged_rounds(timings[name])} for name in static if timings[name]}
         merged.update({name: merged_compile_repeats(reps) for name, reps in compiled.items()})
@@ -456,10 +469,10 @@ def grad_errors(got, want):
     return errors
 
 
-def measure_train_step(model, x, g, spec, want, iters, sgd=False, profile=False, graph=False):
-    """Checks one step of model against the float64 step (want), then its peak memory and time.
-
-    Returns (measurements, seconds of the first step: the compile time of a torch.compile peer)."""
+def prepare_train_step(model, x, g, spec, want, sgd=False):
+    """One step of model checked against the float64 step (want), then its peak memory (after that first
+    step: grads and optimizer state exist, as in a loop). Returns (step, record, seconds of the first step:
+    the compile time of a torch.compile peer)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if sgd else None
     step = functools.partial(train_step, model, x, g, spec.autocast, optimizer)
     t0 = time.perf_counter()
@@ -470,11 +483,20 @@ def measure_train_step(model, x, g, spec, want, iters, sgd=False, profile=False,
     rec = {"rel_err": rel_err(out.detach(), want_out), "out_dtype": str(out.dtype).replace("torch.", ""),
            "grad_err": grad_errors(grads_of(model, x), want_grads)}
     del out
-    memory = measure_memory(step, grad=True)  # after a first step: grads and optimizer state exist, as in a loop
+    memory = measure_memory(step, grad=True)
     rec["peak_mib"], rec["large_allocs"] = memory["peak_mib"], memory["large_allocs"]
-    rec["ms"], rec["ms_min"], rec["ms_max"] = time_ms(step, iters, settle_s=SETTLE_S)
+    return step, rec, first_s
+
+
+def timed_train_step(step, iters):
+    return dict(zip(("ms", "ms_min", "ms_max"), time_ms(step, iters, settle_s=SETTLE_S)))
+
+
+def finish_train_step(rec, step, model, x, g, spec, iters, sgd=False, profile=False, graph=False):
+    """The record's host time per step, GPU time alone (graph_ms, a CUDA graph of the step; not with an
+    optimizer) and, with profile, per-kernel times."""
     rec["host_ms"] = host_ms(step)
-    if graph and optimizer is None:
+    if graph and not sgd:
         try:
             rec["graph_ms"] = graph_ms(model, x, g, spec.autocast, iters)
         except Exception as exc:  # a peer that cannot be captured: say so, keep the rest
@@ -482,7 +504,7 @@ def measure_train_step(model, x, g, spec, want, iters, sgd=False, profile=False,
             print(f"  graph capture failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if profile:
         rec["kernels"] = profile_kernels(step)
-    return rec, first_s
+    return rec
 
 
 def free_memory(x):
@@ -491,8 +513,10 @@ def free_memory(x):
     torch.cuda.empty_cache()
 
 
-def bench_train_case(case, m, n, k, mode, iters, compile_peer=True, profile=False):
-    """Training step of the block: fused, eager and torch.compile, same x, g and initial state."""
+def bench_train_case(case, m, n, k, mode, iters, compile_peer=True, profile=False, rounds=4):
+    """Training step of the block: fused, eager and torch.compile, same x, g and initial state. fused and
+    eager are timed in `rounds` alternating rounds (ms: the median of the rounds' medians; ms_rounds), the
+    torch.compile peer's cold compiles (TRAIN_COMPILE_REPEATS) between the rounds."""
     spec = TRAIN_MODES[mode]
     sgd = case == "train-step-sgd"
     torch.backends.cuda.matmul.allow_tf32 = spec.allow_tf32
@@ -512,26 +536,56 @@ def bench_train_case(case, m, n, k, mode, iters, compile_peer=True, profile=Fals
     def model(impl):
         return fresh_model(makers[impl], init_state, spec.dtype, "cuda")
 
-    impls = [impl for impl in TRAIN_IMPLS if compile_peer or impl != "compile"]
-    records = []
-    for impl in impls:
+    def failed(impl, exc):  # report, keep benchmarking the others
+        print(f"  {case} {mode} {m}x{n}x{k} {impl}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def compiled_record(impl, _):
+        """A fresh cold compile of the eager model, checked, timed and finished at once (the next reset of
+        dynamo drops its code)."""
         try:
-            if impl == "compile":
-                repeats = []
-                for _ in cold_compiles(TRAIN_COMPILE_REPEATS[case]):  # compile_s is cold too
-                    compiled = torch.compile(model("eager"))
-                    repeats.append(measure_train_step(compiled, x, g, spec, want, iters, sgd))
-                    del compiled
-                    free_memory(x)
-                rec = merged_compile_repeats(repeats)
-            else:
-                rec, _ = measure_train_step(model(impl), x, g, spec, want, iters, sgd, profile and impl == "fused",
-                                            graph=True)
-        except Exception as exc:  # report, keep benchmarking the others
-            print(f"  {case} {mode} {m}x{n}x{k} {impl}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
-            continue
+            for _ in cold_compiles(1):  # compile_s is cold too
+                compiled = torch.compile(model("eager"))
+                step, rec, first_s = prepare_train_step(compiled, x, g, spec, want, sgd)
+                rec.update(timed_train_step(step, iters))
+                finish_train_step(rec, step, compiled, x, g, spec, iters, sgd)
+                del step, compiled
+            return rec, first_s
         finally:
             free_memory(x)
+
+    prepared = {}  # impl -> (model, step, record)
+    for impl in ("fused", "eager"):
+        try:
+            mdl = model(impl)
+            step, rec, _ = prepare_train_step(mdl, x, g, spec, want, sgd)
+            prepared[impl] = (mdl, step, rec)
+        except Exception as exc:
+            failed(impl, exc)
+        finally:
+            x.grad = None
+    compiles = [("compile", None)] * (TRAIN_COMPILE_REPEATS[case] if compile_peer else 0)
+    timings, compiled = alternating_rounds({impl: p[1] for impl, p in prepared.items()},
+                                           lambda impl, step: timed_train_step(step, iters), rounds, compiles,
+                                           compiled_record, failed)
+    merged = {}
+    for impl, (mdl, step, rec) in prepared.items():
+        if not timings[impl]:
+            continue
+        try:
+            rec.update(merged_rounds(timings[impl]))
+            merged[impl] = finish_train_step(rec, step, mdl, x, g, spec, iters, sgd, profile and impl == "fused",
+                                             graph=True)
+        except Exception as exc:
+            failed(impl, exc)
+    if compiled.get("compile"):
+        merged["compile"] = merged_compile_repeats(compiled["compile"])
+    del prepared
+    free_memory(x)
+    records = []
+    for impl in TRAIN_IMPLS:
+        if impl not in merged:
+            continue
+        rec = merged[impl]
         # a step runs three GEMMs of the forward's size: y = x W^T, dx = dy W, dW = dy^T x
         records.append({"case": case, "M": m, "N": n, "K": k, "mode": mode, "impl": impl, "training": True,
                         "tflops": 6.0 * m * n * k / (rec["ms"] * 1e-3) / 1e12, **rec})
@@ -676,9 +730,9 @@ def main():
     p.add_argument("--size", default="1024x8192x8192", help="MxNxK of the headline case")
     p.add_argument("--iters", type=int, default=50, help="timed calls per impl and round")
     p.add_argument("--rounds", type=int, default=4,
-                   help="rounds in which each forward impl but the compiled peers is timed, the order reversed "
-                        "every other round (default 4: one slow round does not move the median, as it does the "
-                        "mean that the median of two is); ms is the median of the rounds' medians")
+                   help="rounds in which each impl but the compiled peers (forward and train) is timed, the "
+                        "order reversed every other round (default 4: one slow round does not move the median, as "
+                        "it does the mean that the median of two is); ms is the median of the rounds' medians")
     p.add_argument("--train-iters", type=int, default=None, help="timed steps per train impl (default 30, --quick 20)")
     p.add_argument("--quick", action="store_true", help="a subset: fewer sizes and iterations")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers (slow to compile)")
@@ -737,7 +791,8 @@ def main():
             print(f"[{i}/{len(todo)}] {case} {mode} {m}x{n}x{k}", flush=True)
         if case in TRAIN_CASES:
             result["records"] += bench_train_case(case, m, n, k, mode, train_iters, bool(cmodes),
-                                                  a.profile and case == "train-step" and (m, n, k) == headline)
+                                                  a.profile and case == "train-step" and (m, n, k) == headline,
+                                                  a.rounds)
         else:
             result["records"] += bench_case(case, m, n, k, mode, iters, cmodes, training,
                                             a.profile and case in ("headline", "small-k"), dynamic,

@@ -508,3 +508,35 @@ def test_partials_rounding_emulation_orders_the_shift_choices():
     assert adopted < 1e-6
     assert first_row > 5 * adopted
     assert worst(pr.one_shift, outlier) > 3 * first_row
+
+
+def test_alternating_rounds_reverse_the_order_and_spread_the_compiles():
+    """The timing order of the forward and train cases: the impls in order, then reversed, one compile job
+    after each round (more jobs than rounds run after the last); an impl that raises is reported each
+    round and the others go on."""
+    import bench_forward
+
+    calls, failures = [], []
+
+    def timed(name, fn):
+        calls.append(name)
+        fn()
+        return {"ms": len(calls)}
+
+    def compile_one(name, factory):
+        calls.append(f"{name} {factory}")
+        return factory
+
+    def broken():
+        raise RuntimeError("no kernel")
+
+    plain = {"fused": lambda: None, "broken": broken, "eager": lambda: None}
+    timings, compiled = bench_forward.alternating_rounds(
+        plain, timed, 3, [("compile", 1), ("compile", 2), ("compile", 3), ("compile", 4)], compile_one,
+        lambda name, exc: failures.append((name, str(exc))))
+    assert calls == ["fused", "broken", "eager", "compile 1", "eager", "broken", "fused", "compile 2",
+                     "fused", "broken", "eager", "compile 3", "compile 4"]
+    assert [t["ms"] for t in timings["fused"]] == [1, 7, 9]
+    assert [t["ms"] for t in timings["eager"]] == [3, 5, 11]
+    assert timings["broken"] == [] and failures == [("broken", "no kernel")] * 3
+    assert compiled == {"compile": [1, 2, 3, 4]}
