@@ -136,7 +136,12 @@ def rel_err(got, want):
     return ((got.double() - want).norm() / want.norm()).item()
 
 
-def alternating_rounds(plain, timed, rounds, compiles=(), compile_one=None, failed=None):
+def settled_timing(fn, iters):
+    """time_ms after SETTLE_S of calls, as a record's ms / ms_min / ms_max."""
+    return dict(zip(("ms", "ms_min", "ms_max"), time_ms(fn, iters, settle_s=SETTLE_S)))
+
+
+def alternating_rounds(plain, timed, rounds, compiles, compile_one, failed):
     """Times the impls of `plain` (name -> fn, in order) in `rounds` rounds, the order reversed every other
     round (an even count gives every impl both neighbours equally), against the GPU's clock drift
     (SETTLE_S); the compile jobs ((name, factory) pairs, for compile_one) run one after each round while
@@ -226,7 +231,7 @@ def bench_case(case, m, n, k, mode, iters, compile_modes=(), training=True, prof
 
         def timed(name, fn):
             """One timing of fn: median/min/max ms per call over iters calls, and its graph_ms."""
-            t = dict(zip(("ms", "ms_min", "ms_max"), time_ms(fn, iters, settle_s=SETTLE_S)))
+            t = settled_timing(fn, iters)
             if not name.startswith("compile") and t["ms"] < GRAPH_MS_BELOW:
                 try:
                     t["graph_ms"] = graph_ms_per_call(fn, iters, t["ms"])
@@ -488,10 +493,6 @@ def prepare_train_step(model, x, g, spec, want, sgd=False):
     return step, rec, first_s
 
 
-def timed_train_step(step, iters):
-    return dict(zip(("ms", "ms_min", "ms_max"), time_ms(step, iters, settle_s=SETTLE_S)))
-
-
 def finish_train_step(rec, step, model, x, g, spec, iters, sgd=False, profile=False, graph=False):
     """The record's host time per step, GPU time alone (graph_ms, a CUDA graph of the step; not with an
     optimizer) and, with profile, per-kernel times."""
@@ -546,7 +547,7 @@ def bench_train_case(case, m, n, k, mode, iters, compile_peer=True, profile=Fals
             for _ in cold_compiles(1):  # compile_s is cold too
                 compiled = torch.compile(model("eager"))
                 step, rec, first_s = prepare_train_step(compiled, x, g, spec, want, sgd)
-                rec.update(timed_train_step(step, iters))
+                rec.update(settled_timing(step, iters))
                 finish_train_step(rec, step, compiled, x, g, spec, iters, sgd)
                 del step, compiled
             return rec, first_s
@@ -565,7 +566,7 @@ def bench_train_case(case, m, n, k, mode, iters, compile_peer=True, profile=Fals
             x.grad = None
     compiles = [("compile", None)] * (TRAIN_COMPILE_REPEATS[case] if compile_peer else 0)
     timings, compiled = alternating_rounds({impl: p[1] for impl, p in prepared.items()},
-                                           lambda impl, step: timed_train_step(step, iters), rounds, compiles,
+                                           lambda impl, step: settled_timing(step, iters), rounds, compiles,
                                            compiled_record, failed)
     merged = {}
     for impl, (mdl, step, rec) in prepared.items():

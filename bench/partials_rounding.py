@@ -94,6 +94,13 @@ def one_shift(col):
     return f(S2 - S1 * S1 / f(256))
 
 
+def m2_rel_error(scheme, col):
+    """Relative error of scheme(col), a float32 column's M2, against the float64 M2 of the same values."""
+    c64 = col.astype(np.float64)
+    m2 = ((c64 - c64.mean()) ** 2).sum()
+    return abs(float(scheme(col)) - m2) / m2
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--columns", type=int, default=2000)
@@ -111,10 +118,8 @@ def main():
         errs = {s: [] for s, _ in schemes}
         for _ in range(args.columns):
             col = gen().astype(f)
-            c64 = col.astype(np.float64)
-            m2 = ((c64 - c64.mean()) ** 2).sum()
             for s, fn in schemes:
-                errs[s].append(abs(float(fn(col)) - m2) / m2)
+                errs[s].append(m2_rel_error(fn, col))
         print(f"{name:38s} " + " | ".join(f"{s} {max(e):.1e} ({np.quantile(e, 0.99):.1e})" for s, e in errs.items()))
 
 
