@@ -204,14 +204,10 @@ struct GemmStatsConfig {
   static_assert(!(kPingPong && kSplitK), "CUTLASS's stream-K scheduler runs the cooperative kernel only");
 };
 
-// What the library runs (Sm90Tile in gemm_stats_sm90.h): 256x128 cooperative and 128x128 ping-pong,
-// each with cluster 2x1 for 16-bit inputs and 1x2 for tf32 (the faster of the two for each: the
-// sweep, and for the 256x128 tf32 tile alternating runs in one process on the H200, N = K = 8192:
-// M = 4096 1.289-1.324 ms against 1.398-1.435 with 2x1, M = 1024 and 16384 level, the same bits).
+// What the library runs (Sm90Tile in gemm_stats_sm90.h): 256x128 cooperative, cluster 2x1, and
+// 128x128 ping-pong, cluster 2x1 for 16-bit inputs and 1x2 for tf32 (the faster of the two in the
+// sweep for each).
 using DefaultConfig = GemmStatsConfig<256, int(kCtaTileN), 2, 1, false>;
-template <class ElementIn>
-using LargeTileConfig = GemmStatsConfig<256, int(kCtaTileN), sizeof(ElementIn) == 2 ? 2 : 1,
-                                        sizeof(ElementIn) == 2 ? 1 : 2, false>;
 template <class ElementIn>
 using SmallTileConfig = GemmStatsConfig<128, int(kCtaTileN), sizeof(ElementIn) == 2 ? 2 : 1,
                                         sizeof(ElementIn) == 2 ? 1 : 2, true>;
