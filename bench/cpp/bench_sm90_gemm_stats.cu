@@ -1,9 +1,11 @@
 // Micro-benchmark of the sm90 GEMM + column statistics kernels (not a test): median of device-event
 // timings, statistics on (training) vs off (eval), and cuBLAS GEMM (fp32 out) of the same precision
-// (for 3xtf32: cuBLAS's exact fp32 GEMM, the one it replaces). Each event-timed call includes its
+// (for 3xtf32: cuBLAS's exact fp32 GEMM, the one it replaces), the three in alternating rounds
+// (SM90_BENCH_ROUNDS, default 3). Each event-timed call includes its
 // launch (for small problems the host's launch cost shows); "GPU only" is the same call with
 // statistics replayed from a CUDA graph.
 // Usage: [SM90_BENCH_TILES=auto,256x128,128x128,splitk,splitk4] [SM90_BENCH_MODES=bf16,tf32,3xtf32]
+//        [SM90_BENCH_ROUNDS=3]
 //        bench_sm90_gemm_stats [M N K] [iters]
 #include <cuda_runtime.h>
 #if __has_include(<cublas_v2.h>) && !defined(SM90_BENCH_NO_CUBLAS)
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,6 +70,9 @@ int main(int argc, char** argv) {
   int iters = 50;
   if (argc >= 4) { M = atoll(argv[1]); N = atoll(argv[2]); K = atoll(argv[3]); }
   if (argc >= 5) iters = atoi(argv[4]);
+  // SM90_BENCH_ROUNDS: rounds of alternating timings (default 3; fused::bench::alternating_median_ms).
+  const char* rounds_env = std::getenv("SM90_BENCH_ROUNDS");
+  const int rounds = rounds_env && std::atoi(rounds_env) > 0 ? std::atoi(rounds_env) : 3;
   // partials for the smaller (128-row) tile: room for every kernel shape
   const int64_t tiles = (M + 127) / 128;
   const int64_t ld = fused::sm90::partials_ld(N);
@@ -99,17 +105,17 @@ int main(int argc, char** argv) {
     fused::bench::fill_operands(x, w, bias, M, N, K, bf16);
     const fused::ElementType et = bf16 ? fused::ElementType::kBFloat16 : fused::ElementType::kFloat32;
     const fused::MatmulPrecision precision = three ? fused::MatmulPrecision::k3xTF32 : fused::MatmulPrecision::kTF32;
-    float t_cublas = 0.f;
+    std::function<void()> cublas = [] {};  // no cuBLAS in this build: times an empty call
 #ifdef SM90_BENCH_CUBLAS
-    float alpha = 1.f, beta = 0.f;
-    cublasSetMathMode(h, mode == 1 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
-    t_cublas = fused::bench::median_ms([&] {
+    cublas = [&, mode, bf16] {
+      float alpha = 1.f, beta = 0.f;
+      cublasSetMathMode(h, mode == 1 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
       // y^T (N,M) col-major = W (N,K) . x^T : op(A) = W^T-as-colmajor
       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha,
                    w, bf16 ? CUDA_R_16BF : CUDA_R_32F, int(K),
                    x, bf16 ? CUDA_R_16BF : CUDA_R_32F, int(K), &beta, y, CUDA_R_32F, int(N),
                    mode == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    }, three ? 5 : iters);
+    };
 #endif
     const std::vector<TileSpec> three_tile = {{fused::sm90::k3xTf32Tile, 0, "128x128"}};
     for (const TileSpec& spec : three ? three_tile : tile_specs) {
@@ -127,8 +133,11 @@ int main(int argc, char** argv) {
       };
       fused::sm90::GemmStatsArgs eval = a;
       eval.partials = {};
-      float t_stats = fused::bench::median_ms([&] { run(a); }, iters);
-      float t_eval = fused::bench::median_ms([&] { run(eval); }, iters);
+      // Statistics on, off, and cuBLAS in alternating rounds (exact fp32 cuBLAS, 3xtf32's peer, takes
+      // 2-3 ms a call at the headline: 5 calls a round).
+      const std::vector<float> t = fused::bench::alternating_median_ms(
+          {[&] { run(a); }, [&] { run(eval); }, cublas}, {iters, iters, three ? 5 : iters}, rounds);
+      const float t_stats = t[0], t_eval = t[1], t_cublas = t[2];
       float t_graph = fused::bench::graph_ms(stream, [&] { run(a); });
       cudaError_t e = cudaDeviceSynchronize();
       // A fingerprint of y's bits from our kernel: variants of a kernel that must compute the same

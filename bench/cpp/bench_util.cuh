@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,29 @@ float median_ms_after(Before&& before, F&& f, int iters, int warmup = 5) {
 template <class F>
 float median_ms(F&& f, int iters, int warmup = 5) {
   return median_ms_after([] {}, f, iters, warmup);
+}
+
+// Median ms of each of fs, timed in `rounds` rounds of median_ms(fs[i], iters[i]), the order
+// reversed every other round (f0 f1 f2, f2 f1 f0, ...): the median of its rounds' medians. A
+// power-limited GPU runs the first timings of a process at other clocks than the later ones, so
+// timing a fixed sequence once credits that drift to whichever comes first (on the H200, a kernel
+// timed right after cuBLAS came out up to 11 % faster than the same kernel timed next with less work).
+inline std::vector<float> alternating_median_ms(const std::vector<std::function<void()>>& fs,
+                                                const std::vector<int>& iters, int rounds) {
+  std::vector<std::vector<float>> per_f(fs.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t j = 0; j < fs.size(); ++j) {
+      const size_t i = r % 2 == 0 ? j : fs.size() - 1 - j;
+      per_f[i].push_back(median_ms(fs[i], iters[i]));
+    }
+  }
+  std::vector<float> out;
+  for (auto& t : per_f) {
+    std::sort(t.begin(), t.end());
+    const size_t n = t.size();
+    out.push_back(n == 0 ? 0.f : n % 2 ? t[n / 2] : 0.5f * (t[n / 2 - 1] + t[n / 2]));
+  }
+  return out;
 }
 
 // GPU time per call of f(), which launches on `stream` (not the legacy default stream): `calls` calls
