@@ -9,6 +9,9 @@ against the float64 reference block, with the benchmark's data (x ~ U[0, 1), nn.
 - BatchNorm and softmax applied to y as stored: fp32, or rounded to the 16-bit dtype;
 - the output rounded to the 16-bit dtype.
 
+"- tile shift" stores y less a shift per 256-row tile and column (the tile's first row), rounded: the
+shift, kept in fp32, would come back through per-tile softmax coefficients. "- group shift": the same per 32 rows,
+the shift the statistics epilogue already takes (the median of the group's first three rows).
 "eager-like" rounds y first and takes the statistics from the rounded y, as the eager block does.
 --bias-shift adds a constant to every column of y, so that each column's mean is far from zero
 against its spread (a rounded y then loses the difference y - mean).
@@ -52,6 +55,18 @@ def errors(m: int, n: int, k: int, bias_shift: float = 0.0, seed: int = 0) -> di
             mean, var = y.mean(0), y.var(0, unbiased=False)
             result[f"{name}, fp32 y"] = rel_err(softmax_of(y.float().double(), mean, var, dtype), want)
             result[f"{name}, {name} y"] = rel_err(softmax_of(rounded(y), mean, var, dtype), want)
+            # 16-bit y less a shift per 256-row tile and column (the tile's first row of y, kept in
+            # fp32 beside it): the softmax would add it back through its per-tile coefficients.
+            shift = y[::256].float().double().repeat_interleave(256, 0)[:m]
+            result[f"{name}, {name} y - tile shift"] = rel_err(
+                softmax_of(rounded(y - shift) + shift, mean, var, dtype), want)
+            # The same with the statistics epilogue's own shift: per 32 rows and column, the median of
+            # the group's first three rows (kept in fp32, 1/16 of the 16-bit y's bytes).
+            g = y.float().double()[: m - m % 32].reshape(-1, 32, y.shape[1])
+            med = g[:, :3].median(dim=1).values.repeat_interleave(32, 0)
+            shift32 = torch.cat([med, y[m - m % 32:].float().double()]) if m % 32 else med
+            result[f"{name}, {name} y - group shift"] = rel_err(
+                softmax_of(rounded(y - shift32) + shift32, mean, var, dtype), want)
             y16 = rounded(y)
             result[f"{name}, eager-like"] = rel_err(
                 softmax_of(y16, y16.mean(0), y16.var(0, unbiased=False), dtype), want)

@@ -296,7 +296,8 @@ def test_distributed_benchmark_passes_ddp_options_to_every_ddp_wrapper(tmp_path)
 def test_narrow_y_emulation_loses_accuracy_where_columns_sit_far_from_zero():
     """bench/narrow_y_accuracy.py: y rounded to 16 bits is less accurate than fp32 y, by a little on
     the benchmark's data and by more than 10x when every column's mean is far from zero against its
-    spread; the fp32-y error does not depend on the shift."""
+    spread; the fp32-y error does not depend on the shift, nor does that of a 16-bit y stored less a shift
+    per tile or per 32 rows."""
     import narrow_y_accuracy
 
     plain = narrow_y_accuracy.errors(64, 32, 256)
@@ -305,6 +306,10 @@ def test_narrow_y_emulation_loses_accuracy_where_columns_sit_far_from_zero():
         assert plain[f"{dt}, fp32 y"] < plain[f"{dt}, {dt} y"] < 2 * plain[f"{dt}, fp32 y"]
         assert shifted[f"{dt}, {dt} y"] > 10 * shifted[f"{dt}, fp32 y"]
         assert shifted[f"{dt}, fp32 y"] == pytest.approx(plain[f"{dt}, fp32 y"], rel=1e-3)
+        # y less a shift per tile or per 32 rows keeps y - mean: the far-from-zero means cost nothing
+        for how in ("tile shift", "group shift"):
+            assert shifted[f"{dt}, {dt} y - {how}"] == pytest.approx(plain[f"{dt}, {dt} y - {how}"], rel=0.05)
+            assert shifted[f"{dt}, {dt} y - {how}"] < 2 * shifted[f"{dt}, fp32 y"]
     assert plain["bf16, fp32 y"] < 5e-3 and plain["fp16, fp32 y"] < 1e-3
 
 
