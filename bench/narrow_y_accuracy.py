@@ -62,9 +62,9 @@ def errors(m: int, n: int, k: int, bias_shift: float = 0.0, seed: int = 0) -> di
                 softmax_of(rounded(y - shift) + shift, mean, var, dtype), want)
             # The same with the statistics epilogue's own shift: per 32 rows and column, the median of
             # the group's first three rows (kept in fp32, 1/16 of the 16-bit y's bytes).
-            g = y.float().double()[: m - m % 32].reshape(-1, 32, y.shape[1])
-            med = g[:, :3].median(dim=1).values.repeat_interleave(32, 0)
-            shift32 = torch.cat([med, y[m - m % 32:].float().double()]) if m % 32 else med
+            y32 = y.float().double()
+            shift32 = torch.cat([y32[r:r + 32][:3].median(dim=0).values.expand(min(32, m - r), -1)
+                                 for r in range(0, m, 32)])
             result[f"{name}, {name} y - group shift"] = rel_err(
                 softmax_of(rounded(y - shift32) + shift32, mean, var, dtype), want)
             y16 = rounded(y)

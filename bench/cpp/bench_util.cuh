@@ -67,7 +67,8 @@ float median_ms(F&& f, int iters, int warmup = 5) {
 // reversed every other round (f0 f1 f2, f2 f1 f0, ...): the median of its rounds' medians. A
 // power-limited GPU runs the first timings of a process at other clocks than the later ones, so
 // timing a fixed sequence once credits that drift to whichever comes first (on the H200, a kernel
-// timed right after cuBLAS came out up to 11 % faster than the same kernel timed next with less work).
+// timed right after cuBLAS came out up to 11 % faster than the same kernel timed next with its
+// statistics off, less work).
 inline std::vector<float> alternating_median_ms(const std::vector<std::function<void()>>& fs,
                                                 const std::vector<int>& iters, int rounds) {
   std::vector<std::vector<float>> per_f(fs.size());
