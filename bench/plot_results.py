@@ -1,6 +1,7 @@
 """Markdown table and PNG plots from a bench_forward.py JSON (no GPU needed).
 
     python bench/plot_results.py bench/results/h200-2026-11-29.json      # writes .md and .png beside it
+    python bench/plot_results.py --readme <json>   # prints the README's forward table
 
 Markdown: the forward cases (op vs peers), then the training steps (fused vs eager vs torch.compile:
 time, peak memory, gradient errors) and, where the run had --profile, the fused step's GPU time per kernel.
@@ -85,6 +86,42 @@ def markdown(data) -> str:
     if best:
         lines += forward_table(records, best, peers)
     return "\n".join(lines + train_markdown(records))
+
+
+def compile_verdict(ms, compile_rec):
+    """"faster", "slower" or "inside": ms against the range of the torch.compile peer's compiles (its
+    median where it was compiled once); "-" without a peer."""
+    if not compile_rec:
+        return "-"
+    lo, hi = compile_rec.get("ms_range") or (compile_rec["ms"], compile_rec["ms"])
+    return "faster" if ms < lo else "slower" if ms > hi else "inside"
+
+
+def readme_table(records):
+    """Lines of the README's forward table: per shape and mode, the op on the sm90 path, the module in a
+    loop, the bare GEMM, eager, torch.compile (median and range of its compiles), op / GEMM per call and
+    on the GPU alone, and the module against the compiles' range."""
+    lines = ["| shape (M×N×K) | mode | op, sm90 | module | bare GEMM | eager | torch.compile | op / GEMM "
+             "| op / GEMM, GPU only | module vs compile |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((r["case"], r["M"], r["N"], r["K"], r["mode"]) for r in records
+                              if r["case"] not in TRAIN_CASES))
+    for key in keys:
+        op, module, gemm, eager, comp = (record_of(records, key + (impl,))
+                                         for impl in ("sm90", "module", "gemm", "eager", "compile"))
+        if not op:
+            continue
+        if comp and comp.get("ms_range") and len(comp.get("ms_repeats", ())) > 1:
+            comp_text = f"{comp['ms']:.3f} ({comp['ms_range'][0]:.3f}–{comp['ms_range'][1]:.3f})"
+        else:
+            comp_text = fmt(comp.get("ms"), "%.3f")
+        gpu_only = (op["graph_ms"] / gemm["graph_ms"] if op.get("graph_ms") and gemm.get("graph_ms") else None)
+        _, m, n, k, mode = key
+        lines.append(f"| {m}×{n}×{k} | {mode} | {op['ms']:.3f} | {fmt(module.get('ms'), '%.3f')} | "
+                     f"{fmt(gemm.get('ms'), '%.3f')} | {fmt(eager.get('ms'), '%.3f')} | {comp_text} | "
+                     f"{fmt(op['ms'] / gemm['ms'] if gemm else None, '%.2f')} | {fmt(gpu_only, '%.2f').replace('-', '–')} | "
+                     f"{compile_verdict(module['ms'], comp) if module else '-'} |")
+    return lines
 
 
 def forward_table(records, best, peers):
@@ -256,9 +293,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("json")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--readme", action="store_true",
+                   help="print the README's forward table for this JSON (nothing written)")
     a = p.parse_args(argv)
     with open(a.json) as f:
         data = json.load(f)
+    if a.readme:
+        print("\n".join(readme_table(data["records"])))
+        return 0
     prefix = os.path.splitext(a.json)[0]
     with open(prefix + ".md", "w") as f:
         f.write(markdown(data) + "\n")

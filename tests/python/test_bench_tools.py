@@ -539,3 +539,26 @@ def test_alternating_rounds_reverse_the_order_and_spread_the_compiles():
     assert [t["ms"] for t in timings["eager"]] == [3, 5, 11]
     assert timings["broken"] == [] and failures == [("broken", "no kernel")] * 3
     assert compiled == {"compile": [1, 2, 3, 4]}
+
+
+def test_readme_table_puts_the_module_against_the_compiles_range():
+    """plot_results --readme: one row per shape and mode with the op, the module, the peers and the
+    compiles' range; "module vs compile" is faster below the range, slower above it, inside within it."""
+    def fwd(m, impl, ms, **extra):
+        return {"case": "m-sweep", "M": m, "N": 8192, "K": 8192, "mode": "bf16", "impl": impl, "ms": ms,
+                "tflops": 1.0, "rel_err": None, **extra}
+
+    comp = {"ms_range": [0.24, 0.26], "ms_repeats": [0.24, 0.26]}
+    records = []
+    for m, module_ms in ((256, 0.23), (1024, 0.25), (4096, 0.27)):
+        records += [fwd(m, "sm90", 0.20, graph_ms=0.15), fwd(m, "module", module_ms), fwd(m, "gemm", 0.16, graph_ms=0.12),
+                    fwd(m, "eager", 0.27), fwd(m, "compile", 0.25, **comp)]
+    records.append({"case": "train-step", "M": 1024, "N": 8192, "K": 8192, "mode": "bf16", "impl": "fused", "ms": 0.7})
+    lines = plot_results.readme_table(records)
+    assert len(lines) == 2 + 3  # header, rule, one row per shape; the train record is not a forward row
+    assert lines[2] == ("| 256×8192×8192 | bf16 | 0.200 | 0.230 | 0.160 | 0.270 | 0.250 (0.240–0.260) | 1.25 | 1.25 "
+                        "| faster |")
+    assert lines[3].endswith("| inside |") and lines[4].endswith("| slower |")
+    once = [dict(r, ms_range=None, ms_repeats=[0.25]) if r["impl"] == "compile" else r for r in records]
+    assert "| 0.250 |" in plot_results.readme_table(once)[2]  # one compile: its median, no range
+    assert plot_results.readme_table(once)[3].endswith("| inside |")  # 0.25 against 0.25 alone
