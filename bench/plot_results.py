@@ -88,12 +88,17 @@ def markdown(data) -> str:
     return "\n".join(lines + train_markdown(records))
 
 
+def compile_range(compile_rec):
+    """(lo, hi) ms over the torch.compile peer's compiles, or None where it was compiled once."""
+    return tuple(compile_rec["ms_range"]) if len(compile_rec.get("ms_repeats", ())) > 1 else None
+
+
 def compile_verdict(ms, compile_rec):
     """"faster", "slower" or "inside": ms against the range of the torch.compile peer's compiles (its
     median where it was compiled once); "-" without a peer."""
     if not compile_rec:
         return "-"
-    lo, hi = compile_rec.get("ms_range") or (compile_rec["ms"], compile_rec["ms"])
+    lo, hi = compile_range(compile_rec) or (compile_rec["ms"], compile_rec["ms"])
     return "faster" if ms < lo else "slower" if ms > hi else "inside"
 
 
@@ -111,15 +116,13 @@ def readme_table(records):
                                          for impl in ("sm90", "module", "gemm", "eager", "compile"))
         if not op:
             continue
-        if comp and comp.get("ms_range") and len(comp.get("ms_repeats", ())) > 1:
-            comp_text = f"{comp['ms']:.3f} ({comp['ms_range'][0]:.3f}–{comp['ms_range'][1]:.3f})"
-        else:
-            comp_text = fmt(comp.get("ms"), "%.3f")
+        comp_range = compile_range(comp) if comp else None
+        comp_text = fmt(comp.get("ms"), "%.3f") + (" ({:.3f}–{:.3f})".format(*comp_range) if comp_range else "")
         gpu_only = (op["graph_ms"] / gemm["graph_ms"] if op.get("graph_ms") and gemm.get("graph_ms") else None)
         _, m, n, k, mode = key
         lines.append(f"| {m}×{n}×{k} | {mode} | {op['ms']:.3f} | {fmt(module.get('ms'), '%.3f')} | "
                      f"{fmt(gemm.get('ms'), '%.3f')} | {fmt(eager.get('ms'), '%.3f')} | {comp_text} | "
-                     f"{fmt(op['ms'] / gemm['ms'] if gemm else None, '%.2f')} | {fmt(gpu_only, '%.2f').replace('-', '–')} | "
+                     f"{fmt(op['ms'] / gemm['ms'] if gemm else None, '%.2f')} | {f'{gpu_only:.2f}' if gpu_only else '–'} | "
                      f"{compile_verdict(module['ms'], comp) if module else '-'} |")
     return lines
 
@@ -140,8 +143,8 @@ def forward_table(records, best, peers):
         gpu_only = (r["graph_ms"] / gemm_rec["graph_ms"] if r.get("graph_ms") and gemm_rec.get("graph_ms")
                     else None)
         vs_compile = fmt(c / r["ms"] if c else None, "%.2f×")
-        if len(compile_rec.get("ms_repeats", ())) > 1:  # the range over the compiles
-            lo, hi = compile_rec["ms_range"]
+        if compile_range(compile_rec):  # the range over the compiles
+            lo, hi = compile_range(compile_rec)
             vs_compile += f" ({lo / r['ms']:.2f}–{hi / r['ms']:.2f})"
         peak = f"{fmt(r.get('peak_mib'), '%.0f')} / {fmt(eager_rec.get('peak_mib'), '%.0f')}"
         peak_ag = f"{fmt(r.get('peak_mib_autograd'), '%.0f')} / {fmt(eager_rec.get('peak_mib_autograd'), '%.0f')}"
