@@ -92,6 +92,7 @@ def main(argv=None):
     p.add_argument("--pattern", default=PIPELINE_OP, help="regular expression with two groups: key, value")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed for one run")
     p.add_argument("--out", help="write the raw values and the table as JSON here")
+    p.add_argument("--log", help="a folder: each run's whole output is kept there as round<N>-<label>.log")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -104,6 +105,8 @@ def main(argv=None):
         p.error("two settings have the same label")
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
+    if a.log:
+        os.makedirs(a.log, exist_ok=True)
     rounds = []
     for r in range(a.rounds):
         got = {}
@@ -113,6 +116,9 @@ def main(argv=None):
             if run.returncode != 0:
                 sys.stderr.write(run.stdout[-2000:] + run.stderr[-2000:])
                 raise SystemExit(f"round {r + 1}, setting {label}: the command failed (rc {run.returncode})")
+            if a.log:
+                with open(os.path.join(a.log, f"round{r + 1}-{label}.log"), "w") as f:
+                    f.write(run.stdout + run.stderr)
             got[label] = values_of(run.stdout, a.pattern)
             if not got[label]:
                 raise SystemExit(f"round {r + 1}, setting {label}: no line matched {a.pattern!r}")

@@ -10,6 +10,10 @@
 #     bench args: bench_sm90_gemm_stats's (default 1024 8192 8192 50)
 #     RUNS:       timed runs per variant (default 2); BENCH_GREP: bench lines kept (default 3xtf32);
 #     GTEST_FILTER: the gtests run per variant (default *3xTf32*).
+#     VARIANT_TORCH=1: also link the torch extension against the variant's library, in a copy of
+#                 bench/ and python/ at /tmp/variant_<name>/tree, so the op can be timed per build:
+#                 python3 /tmp/variant_<name>/tree/bench/pipeline_breakdown.py ... (the scripts put
+#                 their own tree's python/ first on the path; bench/ab_rounds.py alternates the builds).
 set -uo pipefail
 cd "$(dirname "$0")/../../build-device" || { echo "no build-device/: run tools/device_check.sh build first"; exit 2; }
 IFS=',' read -ra TUS <<<"${1:-gemm_stats_sm90_3xtf32_128x128.cu}"
@@ -26,6 +30,12 @@ for TU in "${TUS[@]}"; do
 done
 link_bench=$(ninja -t commands bench_sm90_gemm_stats | tail -1)
 link_test=$(ninja -t commands test_sm90_gemm_stats | tail -1)
+link_torch=""
+if [ "${VARIANT_TORCH:-0}" = 1 ]; then
+  # the link of _C.so without its POST_BUILD copy into the source tree
+  link_torch=$(ninja -t commands _C | tail -1 | sed 's# && cd .*##')
+  [ -n "$link_torch" ] || { echo "no link command for _C (a build without the torch extension?)"; exit 2; }
+fi
 
 names=()
 IFS=';' read -ra specs <<<"${VARIANTS:-}"
@@ -49,6 +59,11 @@ for spec in "${specs[@]}"; do
       >"$dir/link.log" 2>&1 || echo "variant $name: bench link failed"
     eval "$(echo "$link_test" | sed "s#libfused_sm90.a#$dir/lib.a#g; s# -o test_sm90_gemm_stats# -o $dir/test#")" \
       >>"$dir/link.log" 2>&1 || echo "variant $name: test link failed"
+    if [ -n "$link_torch" ]; then
+      rm -rf "$dir/tree" && mkdir -p "$dir/tree" && cp -r ../bench ../python "$dir/tree/"
+      eval "$(echo "$link_torch" | sed "s#libfused_sm90.a#$dir/lib.a#g; s# -o _C.so# -o $dir/tree/python/gemm_bn_softmax/_C.so#")" \
+        >>"$dir/link.log" 2>&1 || echo "variant $name: torch extension link failed"
+    fi
   ) &
 done
 

@@ -426,8 +426,13 @@ def test_ab_rounds_alternates_settings_and_reports_medians(tmp_path):
     env = {**os.environ, "AB_ROUND_FILE": str(tmp_path / "count")}
     run = subprocess.run([sys.executable, os.path.join(BENCH, "ab_rounds.py"), "--rounds", "3",
                           "--setting", "slow=AB_OP=slow", "--setting", "fast=AB_OP=fast", "--out", str(out),
-                          "--", sys.executable, str(fake)], capture_output=True, text=True, env=env)
+                          "--log", str(tmp_path / "logs"), "--", sys.executable, str(fake)],
+                         capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
+    # --log keeps each run's whole output, the lines the pattern ignores included
+    assert sorted(os.listdir(tmp_path / "logs")) == [f"round{r}-{label}.log" for r in (1, 2, 3)
+                                                     for label in ("fast", "slow")]
+    assert "a line the pattern ignores" in (tmp_path / "logs" / "round2-fast.log").read_text()
     record = json.loads(out.read_text())
     # Runs 0..5 alternate slow, fast: slow gets runs 0, 2, 4 and fast 1, 3, 5.
     head = record["table"]["bf16 1024x8192x8192"]

@@ -206,8 +206,18 @@ struct GemmStatsConfig {
 
 // What the library runs (Sm90Tile in gemm_stats_sm90.h): 256x128 cooperative, cluster 2x1, and
 // 128x128 ping-pong, cluster 2x1 for 16-bit inputs and 1x2 for tf32 (the faster of the two in the
-// sweep for each).
-using DefaultConfig = GemmStatsConfig<256, int(kCtaTileN), 2, 1, false>;
+// sweep for each). The 256x128 tile's cluster can be built 1x2 per input width (x's tile, twice W's,
+// multicast along N instead of W's along M): the A/B switches of bench/cpp/variants.sh.
+#ifndef FUSED_LARGE_TILE_CLUSTER_1X2_TF32
+#define FUSED_LARGE_TILE_CLUSTER_1X2_TF32 0
+#endif
+#ifndef FUSED_LARGE_TILE_CLUSTER_1X2_16BIT
+#define FUSED_LARGE_TILE_CLUSTER_1X2_16BIT 0
+#endif
+template <class ElementIn, bool kAlongN = (sizeof(ElementIn) == 2 ? FUSED_LARGE_TILE_CLUSTER_1X2_16BIT
+                                                                  : FUSED_LARGE_TILE_CLUSTER_1X2_TF32) != 0>
+using LargeTileConfig = GemmStatsConfig<256, int(kCtaTileN), kAlongN ? 1 : 2, kAlongN ? 2 : 1, false>;
+using DefaultConfig = GemmStatsConfig<256, int(kCtaTileN), 2, 1, false>;  // the tile's shape (the scheduler rule)
 template <class ElementIn>
 using SmallTileConfig = GemmStatsConfig<128, int(kCtaTileN), sizeof(ElementIn) == 2 ? 2 : 1,
                                         sizeof(ElementIn) == 2 ? 1 : 2, true>;

@@ -4,12 +4,12 @@
 namespace fused::sm90::instances {
 
 Status run_bf16_256x128(const GemmStatsArgs& args, void* workspace, cudaStream_t stream) {
-  return detail::run<cutlass::bfloat16_t, detail::DefaultConfig>(args, workspace, stream,
+  return detail::run<cutlass::bfloat16_t, detail::LargeTileConfig<cutlass::bfloat16_t>>(args, workspace, stream,
       detail::large_tile_scheduler(args.M, args.N));
 }
 
 std::size_t workspace_bf16_256x128(const GemmStatsArgs& args) {
-  return detail::workspace_bytes<cutlass::bfloat16_t, detail::DefaultConfig>(args,
+  return detail::workspace_bytes<cutlass::bfloat16_t, detail::LargeTileConfig<cutlass::bfloat16_t>>(args,
       detail::large_tile_scheduler(args.M, args.N));
 }
 

@@ -4,12 +4,12 @@
 namespace fused::sm90::instances {
 
 Status run_tf32_256x128(const GemmStatsArgs& args, void* workspace, cudaStream_t stream) {
-  return detail::run<float, detail::DefaultConfig>(args, workspace, stream,
+  return detail::run<float, detail::LargeTileConfig<float>>(args, workspace, stream,
       detail::large_tile_scheduler(args.M, args.N));
 }
 
 std::size_t workspace_tf32_256x128(const GemmStatsArgs& args) {
-  return detail::workspace_bytes<float, detail::DefaultConfig>(args,
+  return detail::workspace_bytes<float, detail::LargeTileConfig<float>>(args,
       detail::large_tile_scheduler(args.M, args.N));
 }
 
