@@ -204,20 +204,23 @@ struct GemmStatsConfig {
   static_assert(!(kPingPong && kSplitK), "CUTLASS's stream-K scheduler runs the cooperative kernel only");
 };
 
-// What the library runs (Sm90Tile in gemm_stats_sm90.h): 256x128 cooperative, cluster 2x1, and
+// What the library runs (Sm90Tile in gemm_stats_sm90.h): 256x128 cooperative in clusters of 1x2, and
 // 128x128 ping-pong, cluster 2x1 for 16-bit inputs and 1x2 for tf32 (the faster of the two in the
-// sweep for each). The 256x128 tile's cluster can be built 1x2 per input width (x's tile, twice W's,
-// multicast along N instead of W's along M): the A/B switches of bench/cpp/variants.sh.
+// sweep for each). In the 256x128 tile x's tile is twice W's, so multicasting it to the two CTAs along
+// N (1x2) takes a CTA pair's L2 reads per k-tile from 5 to 4 tiles of W's size, against W's along M
+// (2x1). The op timed per build in alternating processes on the H200 (graph replays): 1x2 1-2 %
+// faster at 4096x8192x8192 in bf16 and tf32 and at 1024x32768x4096, 4.5 % at 1024x131072x4096 tf32,
+// level at the 1024x8192x8192 headline and at M = 16384; the same bits (fp16, with bf16's tile bytes,
+// follows bf16 untimed). Each switch set to 0 builds 2x1 again (A/B runs: bench/cpp/variants.sh).
 #ifndef FUSED_LARGE_TILE_CLUSTER_1X2_TF32
-#define FUSED_LARGE_TILE_CLUSTER_1X2_TF32 0
+#define FUSED_LARGE_TILE_CLUSTER_1X2_TF32 1
 #endif
 #ifndef FUSED_LARGE_TILE_CLUSTER_1X2_16BIT
-#define FUSED_LARGE_TILE_CLUSTER_1X2_16BIT 0
+#define FUSED_LARGE_TILE_CLUSTER_1X2_16BIT 1
 #endif
 template <class ElementIn, bool kAlongN = (sizeof(ElementIn) == 2 ? FUSED_LARGE_TILE_CLUSTER_1X2_16BIT
                                                                   : FUSED_LARGE_TILE_CLUSTER_1X2_TF32) != 0>
 using LargeTileConfig = GemmStatsConfig<256, int(kCtaTileN), kAlongN ? 1 : 2, kAlongN ? 2 : 1, false>;
-using DefaultConfig = GemmStatsConfig<256, int(kCtaTileN), 2, 1, false>;  // the tile's shape (the scheduler rule)
 template <class ElementIn>
 using SmallTileConfig = GemmStatsConfig<128, int(kCtaTileN), sizeof(ElementIn) == 2 ? 2 : 1,
                                         sizeof(ElementIn) == 2 ? 1 : 2, true>;
@@ -244,12 +247,13 @@ constexpr SchedulerOptions kSmallTileScheduler{2, 1};
 #endif
 inline SchedulerOptions large_tile_scheduler(int64_t M, int64_t N) {
   constexpr int64_t kMinTiles = FUSED_SWIZZLE_MIN_TILES;
-  const bool large_grid = M >= kMinTiles * DefaultConfig::kTileM && N >= kMinTiles * DefaultConfig::kTileN;
+  using Tile = LargeTileConfig<float>;  // the same tile shape for every input width
+  const bool large_grid = M >= kMinTiles * Tile::kTileM && N >= kMinTiles * Tile::kTileN;
   return large_grid ? SchedulerOptions{2, 4} : SchedulerOptions{};
 }
 
 // ElementIn: cutlass::bfloat16_t, cutlass::half_t, or float (tf32 tensor-core MMA).
-template <class ElementIn, class Config = DefaultConfig>
+template <class ElementIn, class Config>
 struct GemmStatsKernel {
   static constexpr int kTileM = Config::kTileM, kTileN = Config::kTileN;
   static constexpr bool kSplitK = Config::kSplitK;
@@ -493,12 +497,12 @@ Status run_kernel(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, 
   return launch_gemm<typename KC::Gemm>(args, workspace, stream);
 }
 
-template <class ElementIn, class Config = DefaultConfig>
+template <class ElementIn, class Config>
 std::size_t workspace_bytes(const GemmStatsArgs& a, const SchedulerOptions& sched = {}) {
   return kernel_workspace_bytes<GemmStatsKernel<ElementIn, Config>>(a, sched);
 }
 
-template <class ElementIn, class Config = DefaultConfig>
+template <class ElementIn, class Config>
 Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream, const SchedulerOptions& sched = {}) {
   return run_kernel<GemmStatsKernel<ElementIn, Config>>(a, workspace, stream, sched);
 }

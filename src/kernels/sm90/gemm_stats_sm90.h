@@ -9,7 +9,7 @@ namespace fused::sm90 {
 
 // Three kernel shapes (chosen per problem by choose_tile; measured on the H200 with bench/cpp/sweep and
 // bench_sm90_gemm_stats):
-//   k256x128: cooperative (two consumer warpgroups on one 256x128 tile), cluster 2x1 (the W tile is
+//   k256x128: cooperative (two consumer warpgroups on one 256x128 tile), cluster 1x2 (the x tile is
 //             multicast to both CTAs). Fastest once the grid fills the GPU (the headline shape).
 //   k128x128: ping-pong (each consumer warpgroup owns a 128x128 tile; one's epilogue overlaps the
 //             other's mainloop). Twice the CTAs: 2x faster where 256x128 tiles leave SMs idle
