@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,11 @@ def format_table(table, labels):
     return "\n".join(lines)
 
 
+def stop_on_signal(signum, frame):
+    """SIGTERM (what `timeout` sends) ends the runs as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setting", action="append", type=parse_setting, required=True,
@@ -107,30 +113,40 @@ def main(argv=None):
         p.error("--rounds must be at least 1")
     if a.log:
         os.makedirs(a.log, exist_ok=True)
+    # A time limit (`timeout`, SIGTERM) or Ctrl-C ends the runs early: the table and --out then cover the
+    # rounds so far, the unfinished one included (a setting it did not reach counts as missing there).
+    signal.signal(signal.SIGTERM, stop_on_signal)
     rounds = []
-    for r in range(a.rounds):
-        got = {}
-        for label, env in a.setting:
-            run = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True,
-                                 timeout=a.timeout)
-            if run.returncode != 0:
-                sys.stderr.write(run.stdout[-2000:] + run.stderr[-2000:])
-                raise SystemExit(f"round {r + 1}, setting {label}: the command failed (rc {run.returncode})")
-            if a.log:
-                with open(os.path.join(a.log, f"round{r + 1}-{label}.log"), "w") as f:
-                    f.write(run.stdout + run.stderr)
-            got[label] = values_of(run.stdout, a.pattern)
-            if not got[label]:
-                raise SystemExit(f"round {r + 1}, setting {label}: no line matched {a.pattern!r}")
-            print(f"round {r + 1} {label}: " + " ".join(f"{k}={v:g}" for k, v in got[label].items()), flush=True)
-        rounds.append(got)
+    stopped = None
+    try:
+        for r in range(a.rounds):
+            got = {}
+            rounds.append(got)
+            for label, env in a.setting:
+                run = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True,
+                                     timeout=a.timeout)
+                if run.returncode != 0:
+                    sys.stderr.write(run.stdout[-2000:] + run.stderr[-2000:])
+                    raise SystemExit(f"round {r + 1}, setting {label}: the command failed (rc {run.returncode})")
+                if a.log:
+                    with open(os.path.join(a.log, f"round{r + 1}-{label}.log"), "w") as f:
+                        f.write(run.stdout + run.stderr)
+                values = values_of(run.stdout, a.pattern)
+                if not values:
+                    raise SystemExit(f"round {r + 1}, setting {label}: no line matched {a.pattern!r}")
+                got[label] = values
+                print(f"round {r + 1} {label}: " + " ".join(f"{k}={v:g}" for k, v in values.items()), flush=True)
+    except KeyboardInterrupt:
+        stopped = f"stopped in round {len(rounds)} of {a.rounds}"
+        print(f"{stopped}: the table covers the runs finished so far", flush=True)
+        if rounds and not rounds[-1]:
+            rounds.pop()
     table = summarise(rounds, labels)
     print(format_table(table, labels))
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"command": command, "settings": dict(a.setting), "rounds": rounds, "table": table}, f,
-                      indent=1)
-
+            json.dump({"command": command, "settings": dict(a.setting), "rounds": rounds, "table": table,
+                       "stopped": stopped}, f, indent=1)
 
 if __name__ == "__main__":
     main()

@@ -71,7 +71,8 @@ done
 # between the unchanged build and each variant (base, v1, v2, base, v1, v2, ...), after every variant
 # has compiled: a drift of the GPU's clocks over the session then touches every build alike, where
 # timing one build after the other would credit it to whichever ran later.
-summary() { grep "$BENCH_GREP" | sed -E 's/^(.{0,100}).*(y bits [0-9a-f]+).*/\1 ... \2/'; }
+# Up to 240 characters of each line: gemm+stats, GPU only, statistics off and cuBLAS, then y's fingerprint.
+summary() { grep "$BENCH_GREP" | sed -E 's/^(.{0,240}).*(y bits [0-9a-f]+).*/\1 ... \2/'; }
 wait
 status=0
 built=()

@@ -2,8 +2,10 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -441,6 +443,35 @@ def test_ab_rounds_alternates_settings_and_reports_medians(tmp_path):
     assert head["same_order_every_round"] == {"fast": True}
     assert record["table"]["tf32 1024x8192x8192"]["same_order_every_round"] == {"fast": False}
     assert "every round" in run.stdout and "mixed" in run.stdout
+
+
+def test_ab_rounds_stopped_by_a_time_limit_keeps_the_rounds_so_far(tmp_path):
+    # The fifth run (round 3, first setting) hangs; SIGTERM, as `timeout` sends it, must still give the
+    # table and the JSON of rounds 1-2 and of round 3's finished runs (none), not nothing.
+    fake = tmp_path / "fake_pipeline.py"
+    fake.write_text(FAKE_PIPELINE.replace('print("a line the pattern ignores")',
+                                          'print("a line the pattern ignores")\nimport time\n'
+                                          'time.sleep(60) if n == 4 else None'))
+    out = tmp_path / "ab.json"
+    env = {**os.environ, "AB_ROUND_FILE": str(tmp_path / "count")}
+    proc = subprocess.Popen([sys.executable, os.path.join(BENCH, "ab_rounds.py"), "--rounds", "3",
+                             "--setting", "slow=AB_OP=slow", "--setting", "fast=AB_OP=fast", "--out", str(out),
+                             "--", sys.executable, str(fake)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "count").exists() or (tmp_path / "count").read_text() != "5":
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.3)  # the fifth run is in its sleep now
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "stopped in round 3 of 3" in stdout
+    record = json.loads(out.read_text())
+    assert record["stopped"] == "stopped in round 3 of 3"
+    head = record["table"]["bf16 1024x8192x8192"]
+    assert head["rounds"] == {"slow": [100.0, 102.0], "fast": [99.0, 101.0]}
+    assert head["same_order_every_round"] == {"fast": True}
 
 
 def test_ab_rounds_refuses_what_it_cannot_compare(tmp_path):

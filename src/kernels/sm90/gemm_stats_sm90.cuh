@@ -208,10 +208,11 @@ struct GemmStatsConfig {
 // 128x128 ping-pong, cluster 2x1 for 16-bit inputs and 1x2 for tf32 (the faster of the two in the
 // sweep for each). In the 256x128 tile x's tile is twice W's, so multicasting it to the two CTAs along
 // N (1x2) takes a CTA pair's L2 reads per k-tile from 5 to 4 tiles of W's size, against W's along M
-// (2x1). The op timed per build in alternating processes on the H200 (graph replays): 1x2 1-2 %
-// faster at 4096x8192x8192 in bf16 and tf32 and at 1024x32768x4096, 4.5 % at 1024x131072x4096 tf32,
-// level at the 1024x8192x8192 headline and at M = 16384; the same bits (fp16, with bf16's tile bytes,
-// follows bf16 untimed). Each switch set to 0 builds 2x1 again (A/B runs: bench/cpp/variants.sh).
+// (2x1). The op timed per build in alternating processes on the H200 (graph replays), 1x2 against
+// 2x1: 1-2 % faster at 4096x8192x8192 (bf16, tf32) and 1024x32768x4096, 4.5 % at 1024x131072x4096
+// tf32, 0.5 % at the 1024x8192x8192 headline in tf32, level there in bf16 and at M = 16384; the same
+// bits. fp16, with bf16's tile bytes, follows bf16 untimed. Each switch set to 0 builds 2x1 again
+// (A/B runs: bench/cpp/variants.sh).
 #ifndef FUSED_LARGE_TILE_CLUSTER_1X2_TF32
 #define FUSED_LARGE_TILE_CLUSTER_1X2_TF32 1
 #endif
