@@ -148,5 +148,6 @@ def main(argv=None):
             json.dump({"command": command, "settings": dict(a.setting), "rounds": rounds, "table": table,
                        "stopped": stopped}, f, indent=1)
 
+
 if __name__ == "__main__":
     main()
