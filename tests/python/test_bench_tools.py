@@ -16,6 +16,7 @@ import ab_rounds  # noqa: E402
 import ncu_summary  # noqa: E402
 import pipeline_breakdown  # noqa: E402
 import plot_results  # noqa: E402
+import round_positions  # noqa: E402
 
 RESULT = os.path.join(BENCH, "results", "h200-2026-11-29.json")
 NCU = os.path.join(BENCH, "results", "ncu-h200-2026-11-29-bf16-sm90.txt")
@@ -598,3 +599,37 @@ def test_readme_table_puts_the_module_against_the_compiles_range():
     once = [dict(r, ms_range=None, ms_repeats=[0.25]) if r["impl"] == "compile" else r for r in records]
     assert "| 0.250 |" in plot_results.readme_table(once)[2]  # one compile: its median, no range
     assert plot_results.readme_table(once)[3].endswith("| inside |")  # 0.25 against 0.25 alone
+
+
+def _rounds_json(path, points):
+    """A bench_forward-like JSON: points {(M, impl): ms_rounds}."""
+    records = [{"case": "m-sweep", "M": m, "N": 8192, "K": 8192, "mode": "bf16", "impl": impl, "ms": min(ms),
+                "ms_rounds": ms} for (m, impl), ms in points.items()]
+    path.write_text(json.dumps({"records": records}))
+    return str(path)
+
+
+def test_round_positions_finds_the_slow_rounds_two_runs_share(tmp_path, capsys):
+    # 'module' slow in rounds 3-4 in both runs (a position effect), 'gemm' in different rounds (noise),
+    # 'sm90' never slow; a point only one run timed is left out.
+    a = _rounds_json(tmp_path / "a.json", {(4096, "module"): [1.66, 1.67, 1.86, 1.80],
+                                           (4096, "gemm"): [1.60, 1.52, 1.52, 1.53],
+                                           (4096, "sm90"): [1.66, 1.67, 1.67, 1.66],
+                                           (256, "module"): [0.10, 0.20, 0.10, 0.10]})
+    b = _rounds_json(tmp_path / "b.json", {(4096, "module"): [1.66, 1.65, 1.80, 1.82],
+                                           (4096, "gemm"): [1.53, 1.53, 1.53, 1.70],
+                                           (4096, "sm90"): [1.66, 1.63, 1.70, 1.65]})
+    rows = round_positions.compare(round_positions.rounds_of(a), round_positions.rounds_of(b), 0.05)
+    verdicts = {key[4]: verdict for key, _, _, verdict in rows}
+    assert verdicts == {"module": "same rounds", "gemm": ""}
+    module = next(row for row in rows if row[0][4] == "module")
+    assert module[1][0] == 0.0 and abs(module[1][2] - (1.86 / 1.66 - 1)) < 1e-12
+    # Shuffled, b's module rounds put both slow ones on rounds 3-4 in 1 of 6 shuffles, and its gemm's slow
+    # round lands on a's (round 1) in 1 of 4: 5/12 "same rounds" per shuffle on average.
+    counts = round_positions.shuffled_same_rounds(round_positions.rounds_of(a), round_positions.rounds_of(b),
+                                                  0.05, 600)
+    assert 0.33 < sum(counts) / len(counts) < 0.50 and set(counts) <= {0, 1, 2}
+    round_positions.main([a, b, "--shuffles", "50"])
+    out = capsys.readouterr().out
+    assert "2 impl-points with a slow round (> 5%); the same rounds in both runs at 1" in out
+    assert "shuffled 50 times" in out
