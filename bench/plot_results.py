@@ -143,8 +143,9 @@ def forward_table(records, best, peers):
         gpu_only = (r["graph_ms"] / gemm_rec["graph_ms"] if r.get("graph_ms") and gemm_rec.get("graph_ms")
                     else None)
         vs_compile = fmt(c / r["ms"] if c else None, "%.2f×")
-        if compile_range(compile_rec):  # the range over the compiles
-            lo, hi = compile_range(compile_rec)
+        compiles = compile_range(compile_rec)
+        if compiles:  # the range over the compiles
+            lo, hi = compiles
             vs_compile += f" ({lo / r['ms']:.2f}–{hi / r['ms']:.2f})"
         peak = f"{fmt(r.get('peak_mib'), '%.0f')} / {fmt(eager_rec.get('peak_mib'), '%.0f')}"
         peak_ag = f"{fmt(r.get('peak_mib_autograd'), '%.0f')} / {fmt(eager_rec.get('peak_mib_autograd'), '%.0f')}"
