@@ -41,6 +41,12 @@ libs=$(printf '%s\n' "${lib_of[@]}" | sort -u)
 relink() { local e="" l; for l in $libs; do e+="s#\\b$l\\b#$1/$l#g; "; done; echo "$e"; }
 link_bench=$(ninja -t commands "$VARIANT_BENCH" | tail -1)
 link_test=$(ninja -t commands "$VARIANT_TEST" | tail -1)
+link_torch=""
+if [ "${VARIANT_TORCH:-0}" = 1 ]; then
+  # the link of _C.so without its POST_BUILD copy into the source tree
+  link_torch=$(ninja -t commands _C | tail -1 | sed 's# && cd .*##')
+  [ -n "$link_torch" ] || { echo "no link command for _C (a build without the torch extension?)"; exit 2; }
+fi
 names=()
 IFS=';' read -ra specs <<<"${VARIANTS:-}"
 for spec in "${specs[@]}"; do

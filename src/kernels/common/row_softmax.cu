@@ -151,66 +151,6 @@ struct RowReduceBuffers {
 // The second half of a row held in registers (kVecs float4 per thread from column col0, this thread's
 // max so far): the row max and sum over the CTA (and `across` the CTAs sharing the row), the
 // log-normaliser, and out. Columns >= N hold -inf.
-#ifndef FUSED_SOFTMAX_ONE_EXCHANGE
-#define FUSED_SOFTMAX_ONE_EXCHANGE 0
-#endif
-#if FUSED_SOFTMAX_ONE_EXCHANGE
-// One shared-memory exchange a row: each warp exponentiates against its own max and sums, the warps'
-// (max, sum) pairs cross the CTA at one barrier, and each thread scales its exponentials by
-// exp(warp max - row max) / row sum. The warp max keeps NaN, so that a warp of NaN and -inf is not
-// taken for one with nothing to add (all -inf: exponentials 0, sum 0).
-template <int kThreads, int kVecs, bool kVec, class TOut, class Across = WithinCta>
-__device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float /*thread max, unused*/, int64_t row, int64_t N,
-                                           TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse,
-                                           RowReduceBuffers& smem, const Across& across = {}, int64_t col0 = 0) {
-  constexpr int kWarps = kThreads / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float warp_max = -INFINITY;
-#pragma unroll
-  for (int v = 0; v < kVecs; ++v) warp_max = util::max_nan(warp_max, util::max_nan4(z[v]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) warp_max = util::max_nan(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, o));
-  const bool empty = warp_max == -INFINITY;
-  float warp_sum = 0.f;
-#pragma unroll
-  for (int v = 0; v < kVecs; ++v) {
-    z[v].x = empty ? 0.f : expf(z[v].x - warp_max);
-    z[v].y = empty ? 0.f : expf(z[v].y - warp_max);
-    z[v].z = empty ? 0.f : expf(z[v].z - warp_max);
-    z[v].w = empty ? 0.f : expf(z[v].w - warp_max);
-    warp_sum += (z[v].x + z[v].y) + (z[v].z + z[v].w);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) warp_sum += __shfl_xor_sync(0xffffffffu, warp_sum, o);
-  // No leading barrier: the staged kernel's threads meet after reading each row, so nobody still reads
-  // the previous row's pairs; the in-register kernel holds one row.
-  if (lane == 0) {
-    smem.max[warp] = warp_max;
-    smem.sum[warp] = warp_sum;
-  }
-  __syncthreads();
-  const float pair_max = lane < kWarps ? smem.max[lane] : -INFINITY;
-  float mx = pair_max;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = util::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  mx = across.template reduce<true>(mx);
-  // A warp with nothing (max -inf, sum 0) adds 0 while the row has a value, NaN when it has none
-  // (0 * exp(nan)), as exp(-inf - -inf) makes the row NaN in torch.softmax.
-  float sum = lane < kWarps ? smem.sum[lane] * expf(pair_max - mx) : 0.f;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  sum = across.template reduce<false>(sum);
-  if (row_lse != nullptr && threadIdx.x == 0) row_lse[row] = detail::log_normaliser(mx, sum);
-  const float scale = expf(warp_max - mx) / sum;
-  TOut* orow = out + row * ldo;
-#pragma unroll
-  for (int v = 0; v < kVecs; ++v) {
-    const int64_t col = col0 + (static_cast<int64_t>(v) * kThreads + threadIdx.x) * 4;
-    if (col < N)
-      store4<kVec>(orow, col, N, make_float4(z[v].x * scale, z[v].y * scale, z[v].z * scale, z[v].w * scale));
-  }
-}
-#else
 template <int kThreads, int kVecs, bool kVec, class TOut, class Across = WithinCta>
 __device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float mx, int64_t row, int64_t N, TOut* __restrict__ out,
                                            int64_t ldo, float* __restrict__ row_lse, RowReduceBuffers& smem,
@@ -236,7 +176,6 @@ __device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float mx, int64_t
       store4<kVec>(orow, col, N, make_float4(z[v].x * inv, z[v].y * inv, z[v].z * inv, z[v].w * inv));
   }
 }
-#endif
 
 // One CTA per row, held in registers: kVecs float4 per thread.
 template <int kThreads, int kVecs, bool kVec, class TOut>
@@ -320,8 +259,16 @@ struct AcrossCluster {
 // streaming kernel's 464 and an fp32 copy of y's 256). With one CTA a cluster it gives the unclustered
 // kernel's bits. Otherwise (one CTA a row) N <= kThreads * kVecs * 4, and CTAs walk rows blockIdx.x,
 // + gridDim.x, ...
+#ifndef FUSED_SOFTMAX_STAGED_MIN_CTAS
+#define FUSED_SOFTMAX_STAGED_MIN_CTAS 1
+#endif
+#if FUSED_SOFTMAX_STAGED_MIN_CTAS > 1
+#define FUSED_STAGED_BOUNDS(T, R) __launch_bounds__(T, (R) ? 1 : FUSED_SOFTMAX_STAGED_MIN_CTAS)
+#else
+#define FUSED_STAGED_BOUNDS(T, R) __launch_bounds__(T)
+#endif
 template <int kThreads, int kVecs, bool kResident, class TOut, bool kClustered = false>
-__global__ void __launch_bounds__(kThreads)
+__global__ void FUSED_STAGED_BOUNDS(kThreads, kResident)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
   static_assert(kResident || !kClustered, "a cluster's CTAs keep their columns' coefficients");
