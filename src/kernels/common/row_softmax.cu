@@ -135,6 +135,18 @@ __device__ __forceinline__ void count_batch_once(int64_t* counter) {
   if (counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *counter += 1;
 }
 
+#ifndef FUSED_SOFTMAX_FAST_EXP
+#define FUSED_SOFTMAX_FAST_EXP 0
+#endif
+// The exponential of a row's logit less its max (x <= 0).
+__device__ __forceinline__ float row_exp(float x) {
+#if FUSED_SOFTMAX_FAST_EXP
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+
 // A row held by one CTA: the CTA's max and sum are the row's.
 struct WithinCta {
   template <bool kMax>
@@ -159,10 +171,10 @@ __device__ __forceinline__ void finish_row(float4 (&z)[kVecs], float mx, int64_t
   float sum = 0.f;
 #pragma unroll
   for (int v = 0; v < kVecs; ++v) {
-    z[v].x = expf(z[v].x - mx);
-    z[v].y = expf(z[v].y - mx);
-    z[v].z = expf(z[v].z - mx);
-    z[v].w = expf(z[v].w - mx);
+    z[v].x = row_exp(z[v].x - mx);
+    z[v].y = row_exp(z[v].y - mx);
+    z[v].z = row_exp(z[v].z - mx);
+    z[v].w = row_exp(z[v].w - mx);
     sum += (z[v].x + z[v].y) + (z[v].z + z[v].w);
   }
   sum = across.template reduce<false>(block_reduce<kThreads, false, false>(sum, smem.sum));
@@ -425,6 +437,12 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
                                   dim3(static_cast<unsigned>(M)), kThreads, 0, stream, "row_softmax kernel launch", y,
                                   ldy, N, f, out, ldo, row_lse, counter);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(M, resident)));
+#ifdef FUSED_SOFTMAX_CARVEOUT
+  FUSED_RETURN_IF_ERROR(util::cuda_status(
+      cudaFuncSetAttribute(softmax_rows_staged<kThreads, kVecs, kResident, TOut>,
+                           cudaFuncAttributePreferredSharedMemoryCarveout, FUSED_SOFTMAX_CARVEOUT),
+      "row_softmax: shared-memory carveout"));
+#endif
   return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kResident, TOut>, grid, kThreads, 0, stream,
                                 "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
