@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Variants of one sm90 kernel TU in one GPU session: after `bash tools/device_check.sh build`, each
+# Variants of one kernel TU in one GPU session: after `bash tools/device_check.sh build`, each
 # variant recompiles that TU with extra flags (e.g. -D switches the source reads with #ifndef
-# defaults), swaps the object into a copy of libfused_sm90.a, links its own bench_sm90_gemm_stats
-# and test_sm90_gemm_stats, then times it and runs the gtests. The variants compile in parallel.
+# defaults), swaps the object into a copy of its library (libfused_sm90.a or libfused_core.a), links
+# its own bench and gtest executables (bench_sm90_gemm_stats and test_sm90_gemm_stats unless told
+# otherwise), then times it and runs the gtests. The variants compile in parallel.
 #   VARIANTS="name:-DFLAG=1 -DOTHER=2;name2:-DFLAG=2" bash bench/cpp/variants.sh [TU[,TU...]] [bench args]
 #     TU:         the source(s) under src/kernels/sm90/ (default gemm_stats_sm90_3xtf32_128x128.cu),
 #                 or under src/kernels/ when the name holds a slash (common/row_softmax.cu: a TU of
