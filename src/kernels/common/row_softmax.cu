@@ -396,6 +396,8 @@ __global__ void __launch_bounds__(kThreads)
 #define FUSED_SOFTMAX_CLUSTERED_LAYOUTS(X) X(512, 4)
 
 // CTAs of a staged kernel resident per SM (for its persistent grid), cached per device; 0 on failure.
+// The first call per device also sets the kernel's shared-memory carveout where one is chosen (below),
+// so the occupancy it answers is the one the launches get.
 template <int kThreads, int kVecs, bool kResident, class TOut>
 int staged_ctas_per_sm(int device) {
   return util::detail::cached_per_device(device, [](int) {
