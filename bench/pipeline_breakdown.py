@@ -9,6 +9,14 @@ gaps).
 read once and written once in the output's dtype (`out.copy_(y)`, replayed and profiled the same
 way), and the softmax kernel's share of that copy's bandwidth.
 
+Each case also prints the op's critical path over the same profiled replays ("path"): kernels in issue
+order, the interval from the end of one kernel to the end of the next charged to the next one (its
+"own" part from when it starts or its predecessor ends, whichever is later, and a "gap" where nothing
+of the op ran). With PDL a kernel starts while its predecessor runs and waits; only the part after
+the predecessor ends counts. These intervals add up to the replays' span, so they attribute one run's
+time without mixing runs whose clocks differ. The first kernel of each replay has no predecessor in
+it (the graph launch comes between); it counts its whole duration.
+
 --gemm-reference adds, per case, F.linear on the same x, W and bias (cuBLAS; TF32 allowed in tf32
 mode), replayed and profiled the same way, against the op's GEMM kernel: the two GEMMs on the same
 data in the same process (the data moves the clocks of a power-limited GEMM by several per cent)."""
@@ -53,18 +61,59 @@ def kernel_group(name):
     return name[:40]
 
 
-def kernel_us(graph, replays=5):
+def critical_path(kernels, replays):
+    """kernels: (group, start, end) per kernel, in µs, of `replays` replays of one graph, any order.
+    Returns {group: own µs}, gap µs and span µs, each per call: kernels sorted by start; in each
+    replay (an equal share of them) the first counts end - start, every other one end - max(start,
+    previous end) as its own and max(0, start - previous end) as gap. Own and gap add up to the
+    replays' spans (their kernels' first start to last end)."""
+    ordered = sorted(kernels, key=lambda k: k[1])
+    if not ordered or len(ordered) % replays:
+        raise ValueError(f"{len(ordered)} kernels do not split into {replays} replays")
+    per_replay = len(ordered) // replays
+    own = collections.defaultdict(float)
+    gap = span = 0.0
+    for r in range(replays):
+        run = ordered[r * per_replay:(r + 1) * per_replay]
+        prev_end = None
+        for group, start, end in run:
+            if prev_end is None:
+                own[group] += end - start
+            else:
+                own[group] += end - max(start, prev_end)
+                gap += max(0.0, start - prev_end)
+            prev_end = end if prev_end is None else max(prev_end, end)
+        span += prev_end - run[0][1]
+    calls = replays * CALLS
+    return {k: v / calls for k, v in own.items()}, gap / calls, span / calls
+
+
+def kernel_us(graph, replays=5, path=None):
+    """Each kernel group's profiled time per call; with path (a dict), also fills it with the
+    critical path of the same replays (critical_path's own, gap and span)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
     total = collections.defaultdict(float)
+    timeline = []
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        total[kernel_group(e.name)] += e.device_time_total
+        group = kernel_group(e.name)
+        total[group] += e.device_time_total
+        timeline.append((group, e.time_range.start, e.time_range.end))
+    if path is not None:
+        own, gap, span = critical_path(timeline, replays)
+        path.update(own=own, gap=gap, span=span)
     return {k: v / (replays * CALLS) for k, v in total.items()}
+
+
+def path_line(path):
+    """One line of a critical path: each group's own µs per call, the gaps, the span."""
+    return ("path " + " ".join(f"{k} {v:.1f}" for k, v in sorted(path["own"].items()))
+            + f" gaps {path['gap']:.1f} | span {path['span']:.1f} us per call")
 
 
 def main():
@@ -98,14 +147,16 @@ def main():
             with torch.no_grad():
                 graph = graph_of(call)
                 med, lo, hi = per_call_us(graph)
-                kernels = kernel_us(graph)
+                crit = {}
+                kernels = kernel_us(graph, path=crit)
                 med2, _, _ = per_call_us(graph)
-            per_path[path] = (med, kernels)
+            per_path[path] = (med, kernels, crit)
             ksum = sum(kernels.values())
             label = "" if a.paths == ["sm90"] else f" {path}"
             print(f"pdl={int(pdl)} {mode} {size}{label}: op {med:.1f} us ({lo:.1f}-{hi:.1f}; again {med2:.1f}) | "
                   "kernels " + " ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items()))
                   + f" | sum {ksum:.1f} | total - sum {med - ksum:+.1f}", flush=True)
+            print(f"    {path_line(crit)}", flush=True)
         if a.gemm_reference:
             saved = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
@@ -113,16 +164,19 @@ def main():
                 with torch.no_grad():
                     linear = graph_of(lambda: torch.nn.functional.linear(x, mod.gemm.weight, mod.gemm.bias))
                     lin_med, lin_lo, lin_hi = per_call_us(linear)
-                    lin_kernels = kernel_us(linear)
+                    lin_crit = {}
+                    lin_kernels = kernel_us(linear, path=lin_crit)
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = saved
             lin_sum = sum(lin_kernels.values())
-            print(f"    F.linear {lin_med:.1f} us ({lin_lo:.1f}-{lin_hi:.1f}), kernels {lin_sum:.1f} us", flush=True)
-            for path, (op_med, op_kernels) in per_path.items():
+            print(f"    F.linear {lin_med:.1f} us ({lin_lo:.1f}-{lin_hi:.1f}), kernels {lin_sum:.1f} us; "
+                  f"{path_line(lin_crit)}", flush=True)
+            for path, (op_med, op_kernels, op_crit) in per_path.items():
                 what = "one kernel (the whole op)" if "one kernel" in op_kernels else "GEMM kernel"
                 ours = op_kernels.get("one kernel", op_kernels.get("gemm", float("nan")))
                 print(f"    {path}: the op's {what} {ours:.1f} us = {ours / lin_sum:.3f}x F.linear's kernels; "
-                      f"op / F.linear {op_med / lin_med:.3f}", flush=True)
+                      f"op / F.linear {op_med / lin_med:.3f}; profiled spans {op_crit['span'] / lin_crit['span']:.3f}",
+                      flush=True)
         if a.copy_reference:
             y = torch.randn(m, n, device="cuda", dtype=torch.float32)
             out = torch.empty(m, n, device="cuda", dtype=dtype)

@@ -405,6 +405,34 @@ def test_pipeline_breakdown_groups_the_forward_kernels():
     assert run.returncode == 2 and "expected bf16:MxNxK or tf32:MxNxK" in run.stderr
 
 
+def test_pipeline_critical_path_charges_each_interval_once():
+    calls = pipeline_breakdown.CALLS
+    # Two replays of `calls` calls, each call gemm -> finalize -> softmax. Replay r starts at 10000 r.
+    # gemm starts 5 us before the previous softmax ends (PDL: it waits), so its own part is 90 of its 95;
+    # finalize starts 1 us after the gemm ends (a gap) and runs 4; softmax starts 2 us before finalize
+    # ends and runs until 20 after it.
+    kernels = []
+    for r in range(2):
+        t = 10000.0 * r
+        for c in range(calls):
+            g_start = t - 5 if c else t
+            kernels.append(("gemm", g_start, t + 90))
+            kernels.append(("finalize", t + 91, t + 95))
+            kernels.append(("softmax", t + 93, t + 115))
+            t += 115
+    shuffled = kernels[1::2] + kernels[0::2]  # the profiler's order is not the issue order
+    own, gap, span = pipeline_breakdown.critical_path(shuffled, replays=2)
+    # (the first gemm of a replay starts at the replay's start, so it too counts 90)
+    assert own == pytest.approx({"gemm": 90.0, "finalize": 4.0, "softmax": 20.0})
+    assert gap == pytest.approx(1.0)
+    assert span == pytest.approx(115.0)
+    assert sum(own.values()) + gap == pytest.approx(span)
+    with pytest.raises(ValueError, match="do not split into 2 replays"):
+        pipeline_breakdown.critical_path(kernels[:-1], replays=2)
+    line = pipeline_breakdown.path_line({"own": own, "gap": gap, "span": span})
+    assert line == "path finalize 4.0 gemm 90.0 softmax 20.0 gaps 1.0 | span 115.0 us per call"
+
+
 # A stand-in for bench/pipeline_breakdown.py: prints op lines whose values depend on AB_OP (the
 # setting), AB_ROUND_FILE (a counter of runs, so the rounds differ) and AB_MIXED (one key whose order
 # flips between rounds).
