@@ -6,6 +6,7 @@
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/backward/column_map.cuh"
 #include "util/cuda_check.h"
+#include "util/device_info.h"
 #include "kernels/common/vec8.cuh"
 
 namespace fused::cuda::backward_steps {
@@ -105,9 +106,24 @@ Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* 
                cudaStream_t stream) {
   if (p.M == 0 || p.N == 0 || (b.dy == nullptr && b.dy_t == nullptr)) return Status::Ok();
   const int64_t row_tiles = util::ceil_div(p.M, kTileRows);
-  const dim3 grid(static_cast<unsigned>(util::ceil_div(p.N, kStrip)),
-                  static_cast<unsigned>(row_tiles < 65535 ? row_tiles : 65535));
-  if (util::ceil_div(p.N, kStrip) > 0x7fffffff) return {StatusCode::kNotSupported, "backward dy: N too large"};
+  const int64_t strips = util::ceil_div(p.N, kStrip);
+  if (strips > 0x7fffffff) return {StatusCode::kNotSupported, "backward dy: N too large"};
+  // One wave of blocks (two per SM, as the registers allow), each looping over row tiles, where more
+  // would queue: the per-block column maps are then computed once per wave rather than once per
+  // 32 rows, and no partial last wave idles SMs. Each element of dy is computed alone, so the grid
+  // does not change its bits. H200, with FUSED_BWD_DY_WAVE=0 the unbounded grid: 10 % slower at
+  // M = 4096, 3 % at M = 1024 (N = 8192).
+  int64_t row_blocks = row_tiles < 65535 ? row_tiles : 65535;
+#ifndef FUSED_BWD_DY_WAVE
+#define FUSED_BWD_DY_WAVE 1
+#endif
+  if (FUSED_BWD_DY_WAVE) {
+    int sms = 0;
+    FUSED_RETURN_IF_ERROR(util::sm_count(util::detail::current_device(), sms));
+    const int64_t wave_rows = util::ceil_div(int64_t{2} * sms, strips);
+    if (row_blocks > wave_rows) row_blocks = wave_rows;
+  }
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks));
   const dim3 block(kColThreads, kRowLanes);
   const size_t smem = b.dy_t != nullptr ? kTransposeSmem : 0;
   const bool vec = vectorizable(p, b);

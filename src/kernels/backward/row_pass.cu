@@ -19,7 +19,15 @@ static_assert(kStrip == kBlockColumns, "one shared column map per block");
 constexpr int kRowDotRows = 64;  // rows per [B1] block
 constexpr int kRowsPerLane = kRowDotRows / kRowLanes;
 constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
-constexpr int kRowBatch = 2;           // rows whose loads are in flight together, per thread
+// Rows whose loads are in flight together, per thread. The kernels are bound by load latency (two
+// blocks of 256 threads per SM, held there by their registers: a third spills). [B1] with 16-byte
+// loads takes 4 (its 128 registers still suffice): 4 % faster on the H200 at M = 256..4096; [B2]
+// stays at 2, where 4 was 6 % slower at M = 256.
+#ifndef FUSED_BWD_ROW_DOT_BATCH
+#define FUSED_BWD_ROW_DOT_BATCH 4
+#endif
+constexpr int kRowDotBatch = FUSED_BWD_ROW_DOT_BATCH;
+constexpr int kRowBatch = 2;
 
 // A row index that is always valid to read: rows past the end read the last row (masked later).
 __device__ __forceinline__ int64_t clamp_row(int64_t i, int64_t rows) { return i < rows ? i : rows - 1; }
@@ -37,6 +45,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
   const int64_t c_begin = static_cast<int64_t>(blockIdx.x) * strip_width;
   const int64_t c_end = c_begin + strip_width < p.N ? c_begin + strip_width : p.N;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowDotRows + threadIdx.y;
+  constexpr int kBatch = kVec ? kRowDotBatch : kRowBatch;  // the element-wise loads' 4 would spill
   float acc[kRowsPerLane] = {}, lse2[kRowsPerLane];
 #pragma unroll
   for (int k = 0; k < kRowsPerLane; ++k) lse2[k] = r0 + k * kRowLanes < p.M ? lse2_of(lse[r0 + k * kRowLanes]) : 0.f;
@@ -49,18 +58,18 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
     ColumnMaps maps;
     maps.load(shared_maps, threadIdx.x * 8);
 #pragma unroll
-    for (int k0 = 0; k0 < kRowsPerLane; k0 += kRowBatch) {
+    for (int k0 = 0; k0 < kRowsPerLane; k0 += kBatch) {
       // Loads of a batch of rows first (rows past M read the last row: no branch between the loads),
       // then the math, masked.
-      float gv[kRowBatch][8], yv[kRowBatch][8];
+      float gv[kBatch][8], yv[kBatch][8];
 #pragma unroll
-      for (int u = 0; u < kRowBatch; ++u) {
+      for (int u = 0; u < kBatch; ++u) {
         const int64_t i = clamp_row(r0 + (k0 + u) * kRowLanes, p.M);
         util::load8<kVec>(g + i * b.ldg, col, c_end, gv[u]);
         util::load8<kVec>(y + i * b.ldy, col, c_end, yv[u]);
       }
 #pragma unroll
-      for (int u = 0; u < kRowBatch; ++u) {
+      for (int u = 0; u < kBatch; ++u) {
         if (r0 + (k0 + u) * kRowLanes >= p.M) continue;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
