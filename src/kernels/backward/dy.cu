@@ -3,6 +3,8 @@
 // (TF32 tensor cores take K-major operands only, and dW reduces over M). Block (32 column threads x
 // 8 row lanes) covers 256 columns x 32 rows; the transposed tile goes through shared memory so that
 // dy^T's rows are written in 32-element runs.
+#include <algorithm>
+
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/backward/column_map.cuh"
 #include "util/cuda_check.h"
@@ -120,7 +122,8 @@ Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* 
   if (FUSED_BWD_DY_WAVE) {
     int sms = 0;
     FUSED_RETURN_IF_ERROR(util::sm_count(util::detail::current_device(), sms));
-    const int64_t wave_rows = util::ceil_div(int64_t{2} * sms, strips);
+    // rounded down: a block past the wave would run after the first ones end, a second round
+    const int64_t wave_rows = std::max<int64_t>(1, int64_t{2} * sms / strips);
     if (row_blocks > wave_rows) row_blocks = wave_rows;
   }
   const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks));
