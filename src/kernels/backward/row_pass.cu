@@ -21,7 +21,7 @@ constexpr int kRowsPerLane = kRowDotRows / kRowLanes;
 constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
 // Rows whose loads are in flight together, per thread. The kernels are bound by load latency (two
 // blocks of 256 threads per SM, held there by their registers: a third spills). [B1] with 16-byte
-// loads takes 4 (its 128 registers still suffice): 4 % faster on the H200 at M = 256..4096; [B2]
+// loads takes 4 (its 128 registers still suffice): 3-6 % faster on the H200 at M = 256..4096; [B2]
 // stays at 2, where 4 was 6 % slower at M = 256.
 #ifndef FUSED_BWD_ROW_DOT_BATCH
 #define FUSED_BWD_ROW_DOT_BATCH 4
