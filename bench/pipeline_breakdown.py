@@ -61,9 +61,10 @@ def kernel_group(name):
     return name[:40]
 
 
-def critical_path(kernels, replays):
+def critical_path(kernels, replays, calls_per_replay=CALLS):
     """kernels: (group, start, end) per kernel, in µs, of `replays` replays of one graph, any order.
-    Returns {group: own µs}, gap µs and span µs, each per call: kernels sorted by start; in each
+    Returns {group: own µs}, gap µs and span µs, each per call (calls_per_replay calls a replay):
+    kernels sorted by start; in each
     replay (an equal share of them) the first counts end - start, every other one end - max(start,
     previous end) as its own and max(0, start - previous end) as gap. Own and gap add up to the
     replays' spans (their kernels' first start to last end)."""
@@ -84,7 +85,7 @@ def critical_path(kernels, replays):
                 gap += max(0.0, start - prev_end)
             prev_end = end if prev_end is None else max(prev_end, end)
         span += prev_end - run[0][1]
-    calls = replays * CALLS
+    calls = replays * calls_per_replay
     return {k: v / calls for k, v in own.items()}, gap / calls, span / calls
 
 

@@ -17,6 +17,7 @@ import ncu_summary  # noqa: E402
 import pipeline_breakdown  # noqa: E402
 import plot_results  # noqa: E402
 import round_positions  # noqa: E402
+import train_step_breakdown  # noqa: E402
 
 RESULT = os.path.join(BENCH, "results", "h200-2026-11-29.json")
 NCU = os.path.join(BENCH, "results", "ncu-h200-2026-11-29-bf16-sm90.txt")
@@ -431,6 +432,27 @@ def test_pipeline_critical_path_charges_each_interval_once():
         pipeline_breakdown.critical_path(kernels[:-1], replays=2)
     line = pipeline_breakdown.path_line({"own": own, "gap": gap, "span": span})
     assert line == "path finalize 4.0 gemm 90.0 softmax 20.0 gaps 1.0 | span 115.0 us per call"
+
+
+def test_train_step_breakdown_cases_and_lines():
+    assert train_step_breakdown.parse_case("bf16:1024x8192x8192") == ("bf16", 1024, 8192, 8192)
+    assert train_step_breakdown.parse_case("tf32:8x16x32") == ("tf32", 8, 16, 32)
+    for bad in ("fp16:8x8x8", "bf16:8x8", "bf16:0x8x8", "bf16:8xax8"):
+        with pytest.raises(ValueError, match="expected bf16:MxNxK or tf32:MxNxK"):
+            train_step_breakdown.parse_case(bad)
+    # the backward's kernel names as torch.profiler reports them
+    name = "void fused::cuda::backward_steps::(anonymous namespace)::dy_kernel<true, __nv_bfloat16, __nv_bfloat16>(...)"
+    assert train_step_breakdown.step_group(name) == "dy_kernel"
+    assert train_step_breakdown.step_group("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm"
+    # its step line is one ab_rounds reads
+    line = "pdl=1 step bf16 1024x8192x8192: op 667.5 us (660.1-670.2; again 668.0)"
+    assert ab_rounds.values_of(line, ab_rounds.PIPELINE_OP) == {"step bf16 1024x8192x8192": 667.5}
+    # per step: a replay holds one step
+    own, gap, span = pipeline_breakdown.critical_path([("a", 0.0, 5.0), ("b", 6.0, 9.0)], 1, calls_per_replay=1)
+    assert own == {"a": 5.0, "b": 3.0} and gap == 1.0 and span == 9.0
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "train_step_breakdown.py"), "--cases", "fp16:8x8x8"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "expected bf16:MxNxK or tf32:MxNxK" in run.stderr
 
 
 # A stand-in for bench/pipeline_breakdown.py: prints op lines whose values depend on AB_OP (the

@@ -1,0 +1,99 @@
+"""Where a training step's GPU time goes: one step of the fused module (zero_grad, forward, the loss
+(out * g).sum(), backward) captured in a CUDA graph and replayed; its GPU time per step (median of 50
+replays, with the range, and again after profiling), each kernel group's profiled time per step, and
+the step's critical path (pipeline_breakdown.critical_path: each kernel charged from its
+predecessor's end). The lines match bench/ab_rounds.py's default pattern, so two builds compare with
+
+  python bench/ab_rounds.py --rounds 3 --setting base=TREE=$PWD --setting v=TREE=/tmp/variant_v/tree \\
+      -- bash -c 'exec python3 "$TREE/bench/train_step_breakdown.py" --cases bf16:1024x8192x8192'
+
+(the script imports the extension of its own tree: bench/cpp/variants.sh with VARIANT_TORCH=1 makes one
+per variant)."""
+import argparse
+import collections
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import bench_forward  # noqa: E402  (its CUDA-graph capture and CUDA-event timer)
+import pipeline_breakdown  # noqa: E402  (critical_path)
+import gemm_bn_softmax as gbs  # noqa: E402
+
+# The backward's kernels by the names their sources give them; other kernels keep a short name.
+BACKWARD_KERNELS = ("row_dot", "grad_partials", "column_finalize", "dy_kernel")
+
+
+def step_group(name):
+    for key in BACKWARD_KERNELS:
+        if key in name:
+            return key
+    return pipeline_breakdown.kernel_group(name)
+
+
+def parse_case(case):
+    """"mode:MxNxK" (mode bf16 or tf32) -> (mode, m, n, k); ValueError otherwise."""
+    mode, _, size = case.partition(":")
+    dims = size.split("x")
+    if mode not in ("bf16", "tf32") or len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise ValueError(f"case {case!r}: expected bf16:MxNxK or tf32:MxNxK")
+    return (mode, *(int(d) for d in dims))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", nargs="+", default=["bf16:1024x8192x8192"], help="mode:MxNxK, mode bf16 or tf32")
+    p.add_argument("--replays", type=int, default=50, help="timed replays of the step's graph")
+    a = p.parse_args()
+    try:
+        cases = [parse_case(c) for c in a.cases]
+    except ValueError as e:
+        p.error(str(e))
+    from torch.profiler import ProfilerActivity, profile
+    for mode, m, n, k in cases:
+        dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+        torch.manual_seed(0)
+        mod = gbs.FusedGemmBNSoftmax(k, n, precision="tf32" if mode == "tf32" else None).cuda().to(dtype)
+        x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
+        g = torch.randn(m, n, device="cuda", dtype=dtype)
+
+        def reset():
+            mod.zero_grad(set_to_none=True)
+            x.grad = None
+
+        def step():
+            reset()
+            (mod(x) * g).sum().backward()
+
+        graph = bench_forward.capture(step, before_capture=reset)
+        med, lo, hi = bench_forward.time_ms(graph.replay, a.replays)
+        replays = 10
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
+        total, timeline = collections.defaultdict(float), []
+        for e in prof.events():
+            if e.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            group = step_group(e.name)
+            total[group] += e.device_time_total / replays
+            timeline.append((group, e.time_range.start, e.time_range.end))
+        own, gap, span = pipeline_breakdown.critical_path(timeline, replays, calls_per_replay=1)
+        med2, _, _ = bench_forward.time_ms(graph.replay, a.replays)
+        key = f"{mode} {m}x{n}x{k}"
+        print(f"pdl=1 step {key}: op {med * 1e3:.1f} us ({lo * 1e3:.1f}-{hi * 1e3:.1f}; again {med2 * 1e3:.1f})",
+              flush=True)
+        for group in BACKWARD_KERNELS:
+            if group in total:
+                print(f"pdl=1 {group} {key}: op {total[group]:.1f} us", flush=True)
+        print("    " + pipeline_breakdown.path_line({"own": own, "gap": gap, "span": span}).replace(
+            "us per call", "us per step"), flush=True)
+        del graph
+
+
+if __name__ == "__main__":
+    main()
