@@ -21,9 +21,13 @@ static_assert(kStrip == kBlockColumns, "one shared column map per block");
 constexpr int kTileRows = 32;            // rows per block tile
 constexpr int kPitch = kStrip + 4;       // shared tile row pitch: 16-byte rows, 4-way conflicts at most
 constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
+constexpr int kBlocksPerSm = 2;          // the registers' bound (__launch_bounds__), and dy_pass's wave
+#ifndef FUSED_BWD_DY_WAVE
+#define FUSED_BWD_DY_WAVE 1  // 0: one block per row tile (the grid before the wave), for A/B runs
+#endif
 
 template <bool kVec, class T, class TDy>
-__global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
+__global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     dy_kernel(BackwardProblem p, BackwardBuffers bufs, const float* __restrict__ r, DyCoefficients coef) {
   extern __shared__ float tile[];  // kTileRows x kPitch, only when dy_t is written
   __shared__ SharedColumnMaps shared_maps;
@@ -110,20 +114,17 @@ Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* 
   const int64_t row_tiles = util::ceil_div(p.M, kTileRows);
   const int64_t strips = util::ceil_div(p.N, kStrip);
   if (strips > 0x7fffffff) return {StatusCode::kNotSupported, "backward dy: N too large"};
-  // One wave of blocks (two per SM, as the registers allow), each looping over row tiles, where more
-  // would queue: the per-block column maps are then computed once per wave rather than once per
-  // 32 rows, and no partial last wave idles SMs. Each element of dy is computed alone, so the grid
+  // One wave of blocks (kBlocksPerSm per SM, as the registers allow), each looping over row tiles,
+  // where more would queue: the per-block column maps are then computed once per wave rather than
+  // once per 32 rows, and no partial last wave idles SMs. Each element of dy is computed alone, so the grid
   // does not change its bits. H200, N = 8192, bf16: 19.6 us against 23.4 with the unbounded grid
   // (FUSED_BWD_DY_WAVE=0) at M = 1024, 80.1 against 102.2 at M = 4096, level at M = 256.
   int64_t row_blocks = row_tiles < 65535 ? row_tiles : 65535;
-#ifndef FUSED_BWD_DY_WAVE
-#define FUSED_BWD_DY_WAVE 1
-#endif
   if (FUSED_BWD_DY_WAVE) {
     int sms = 0;
     FUSED_RETURN_IF_ERROR(util::sm_count(util::detail::current_device(), sms));
     // rounded down: a block past the wave would run after the first ones end, a second round
-    const int64_t wave_rows = std::max<int64_t>(1, int64_t{2} * sms / strips);
+    const int64_t wave_rows = std::max<int64_t>(1, int64_t{kBlocksPerSm} * sms / strips);
     if (row_blocks > wave_rows) row_blocks = wave_rows;
   }
   const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks));
