@@ -417,13 +417,16 @@ def capture(body, before_capture=None, warmup=3):
     return graph
 
 
-def graph_ms(model, x, g, autocast_dtype, iters):
-    """The same step (forward, loss, backward into gradients set to None) captured in one CUDA graph
-    and replayed: the GPU time with no host overhead and no launch gaps. As in PyTorch's whole-network
-    capture, the gradients are None before the capture, so its backward allocates them (static)."""
-    def body():
+def step_graph(model, x, g, autocast_dtype=None):
+    """One training step (forward, loss, backward into gradients set to None) captured in a CUDA graph.
+    As in PyTorch's whole-network capture, the gradients are None before the capture, so its backward
+    allocates them (static)."""
+    def reset():
         model.zero_grad(set_to_none=True)
         x.grad = None
+
+    def body():
+        reset()
         # autocast's weight cache cannot live inside a capture
         amp = (torch.autocast("cuda", dtype=autocast_dtype, cache_enabled=False) if autocast_dtype
                else contextlib.nullcontext())
@@ -431,11 +434,12 @@ def graph_ms(model, x, g, autocast_dtype, iters):
             loss = (model(x) * g).sum()
         loss.backward()
 
-    def reset():
-        model.zero_grad(set_to_none=True)
-        x.grad = None
+    return capture(body, before_capture=reset)
 
-    graph = capture(body, before_capture=reset)
+
+def graph_ms(model, x, g, autocast_dtype, iters):
+    """The step of step_graph replayed: the GPU time with no host overhead and no launch gaps."""
+    graph = step_graph(model, x, g, autocast_dtype)
     med, _, _ = time_ms(graph.replay, iters)
     del graph
     return med

@@ -61,6 +61,15 @@ def kernel_group(name):
     return name[:40]
 
 
+def parse_case(case):
+    """"mode:MxNxK" (mode bf16 or tf32) -> (mode, m, n, k); ValueError otherwise."""
+    mode, _, size = case.partition(":")
+    dims = size.split("x")
+    if mode not in ("bf16", "tf32") or len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise ValueError(f"case {case!r}: expected bf16:MxNxK or tf32:MxNxK")
+    return (mode, *(int(d) for d in dims))
+
+
 def critical_path(kernels, replays, calls_per_replay=CALLS):
     """kernels: (group, start, end) per kernel, in µs, of `replays` replays of one graph, any order.
     Returns {group: own µs}, gap µs and span µs, each per call (calls_per_replay calls a replay):
@@ -130,11 +139,12 @@ def main():
                    help="the op's path(s), each timed on the same data (auto: the library's own choice)")
     a = p.parse_args()
     pdl = os.environ.get("FUSED_DISABLE_PDL", "0") in ("", "0")
-    for case in a.cases:
-        mode, _, size = case.partition(":")
-        if mode not in ("bf16", "tf32") or len(size.split("x")) != 3:
-            p.error(f"case {case!r}: expected bf16:MxNxK or tf32:MxNxK")
-        m, n, k = (int(v) for v in size.split("x"))
+    try:
+        cases = [parse_case(c) for c in a.cases]
+    except ValueError as e:
+        p.error(str(e))
+    for mode, m, n, k in cases:
+        size = f"{m}x{n}x{k}"
         dtype = torch.bfloat16 if mode == "bf16" else torch.float32
         torch.manual_seed(0)
         mod = gbs.FusedGemmBNSoftmax(k, n, precision="tf32" if mode == "tf32" else None).cuda().to(dtype)

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_forward  # noqa: E402  (its CUDA-graph capture and CUDA-event timer)
-import pipeline_breakdown  # noqa: E402  (critical_path)
+import pipeline_breakdown  # noqa: E402  (parse_case, critical_path)
 import gemm_bn_softmax as gbs  # noqa: E402
 
 # The backward's kernels by the names their sources give them; other kernels keep a short name.
@@ -34,22 +34,13 @@ def step_group(name):
     return pipeline_breakdown.kernel_group(name)
 
 
-def parse_case(case):
-    """"mode:MxNxK" (mode bf16 or tf32) -> (mode, m, n, k); ValueError otherwise."""
-    mode, _, size = case.partition(":")
-    dims = size.split("x")
-    if mode not in ("bf16", "tf32") or len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-        raise ValueError(f"case {case!r}: expected bf16:MxNxK or tf32:MxNxK")
-    return (mode, *(int(d) for d in dims))
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="+", default=["bf16:1024x8192x8192"], help="mode:MxNxK, mode bf16 or tf32")
     p.add_argument("--replays", type=int, default=50, help="timed replays of the step's graph")
     a = p.parse_args()
     try:
-        cases = [parse_case(c) for c in a.cases]
+        cases = [pipeline_breakdown.parse_case(c) for c in a.cases]
     except ValueError as e:
         p.error(str(e))
     from torch.profiler import ProfilerActivity, profile
@@ -60,15 +51,7 @@ def main():
         x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
         g = torch.randn(m, n, device="cuda", dtype=dtype)
 
-        def reset():
-            mod.zero_grad(set_to_none=True)
-            x.grad = None
-
-        def step():
-            reset()
-            (mod(x) * g).sum().backward()
-
-        graph = bench_forward.capture(step, before_capture=reset)
+        graph = bench_forward.step_graph(mod, x, g)  # the train case's graph_ms step
         med, lo, hi = bench_forward.time_ms(graph.replay, a.replays)
         replays = 10
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -435,11 +435,12 @@ def test_pipeline_critical_path_charges_each_interval_once():
 
 
 def test_train_step_breakdown_cases_and_lines():
-    assert train_step_breakdown.parse_case("bf16:1024x8192x8192") == ("bf16", 1024, 8192, 8192)
-    assert train_step_breakdown.parse_case("tf32:8x16x32") == ("tf32", 8, 16, 32)
+    # the case rule is pipeline_breakdown's, shared by both scripts
+    assert pipeline_breakdown.parse_case("bf16:1024x8192x8192") == ("bf16", 1024, 8192, 8192)
+    assert pipeline_breakdown.parse_case("tf32:8x16x32") == ("tf32", 8, 16, 32)
     for bad in ("fp16:8x8x8", "bf16:8x8", "bf16:0x8x8", "bf16:8xax8"):
         with pytest.raises(ValueError, match="expected bf16:MxNxK or tf32:MxNxK"):
-            train_step_breakdown.parse_case(bad)
+            pipeline_breakdown.parse_case(bad)
     # the backward's kernel names as torch.profiler reports them
     name = "void fused::cuda::backward_steps::(anonymous namespace)::dy_kernel<true, __nv_bfloat16, __nv_bfloat16>(...)"
     assert train_step_breakdown.step_group(name) == "dy_kernel"
