@@ -208,6 +208,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{{1030, 2056, true, false, false}, kF32, kF32, true},  // several row tiles, transposed
                       GpuCase{{513, 1000, false, true, true}, kBF16, kBF16, false},
                       GpuCase{{1024, 8192, true, true, false}, kBF16, kBF16, false},  // the headline shape
+                      // strips of two 256-column chunks, the last one partial; more row blocks and row
+                      // tiles than one wave of blocks holds (each block walks several, the last walk short)
+                      GpuCase{{2100, 8200, true, true, false}, kBF16, kF32, false},
                       GpuCase{{129, 72, true, true, true}, kF32, kBF16, false}),      // autocast: fp32 out, bf16 dy
     gpu_case_name);
 

@@ -6,6 +6,7 @@
 // FinalReduction) adds the block sums in block order: deterministic whatever the finishing order.
 #include "fused/detail/bn_math.h"
 #include "kernels/backward/backward_kernels.h"
+#include "kernels/backward/launch_step.cuh"
 #include "kernels/common/block_reduce.cuh"
 #include "util/cuda_check.h"
 
@@ -37,6 +38,7 @@ __global__ void __launch_bounds__(kThreads) column_sums_kernel(int64_t M, int64_
 __global__ void __launch_bounds__(kThreads)
     column_finalize_kernel(BackwardProblem p, BackwardBuffers b, GradPartials partials, DyCoefficients coef,
                            double* block_sums, unsigned* counter) {
+  begin_step();
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   double scale_term = 0.0;
   if (col < p.N) {
@@ -79,8 +81,8 @@ Status column_finalize(const BackwardProblem& p, const BackwardBuffers& b, const
                        const DyCoefficients& coef, double* block_sums, unsigned* counter, cudaStream_t stream) {
   if (p.N == 0) return Status::Ok();
   const unsigned blocks = static_cast<unsigned>(util::ceil_div(p.N, kThreads));
-  column_finalize_kernel<<<blocks, kThreads, 0, stream>>>(p, b, partials, coef, block_sums, counter);
-  return util::launch_status("backward column_finalize_kernel launch");
+  return launch_step(column_finalize_kernel, dim3(blocks), dim3(kThreads), 0, stream,
+                     "backward column_finalize_kernel launch", p, b, partials, coef, block_sums, counter);
 }
 
 Status column_sums(int64_t M, int64_t N, const GradPartials& partials, double* sums, cudaStream_t stream) {

@@ -7,6 +7,7 @@
 
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/backward/column_map.cuh"
+#include "kernels/backward/launch_step.cuh"
 #include "util/cuda_check.h"
 #include "util/device_info.h"
 #include "kernels/common/vec8.cuh"
@@ -31,6 +32,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     dy_kernel(BackwardProblem p, BackwardBuffers bufs, const float* __restrict__ r, DyCoefficients coef) {
   extern __shared__ float tile[];  // kTileRows x kPitch, only when dy_t is written
   __shared__ SharedColumnMaps shared_maps;
+  begin_step();
   const auto* g = static_cast<const T*>(bufs.grad_out);
   const auto* y = static_cast<const float*>(bufs.y);
   const auto* lse = static_cast<const float*>(bufs.row_lse);
@@ -135,12 +137,8 @@ Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* 
     using T = decltype(grad_tag);
     return util::with_cuda_type(b.dy_dtype, [&](auto dy_tag) {
       using TDy = decltype(dy_tag);
-      if (vec) {
-        dy_kernel<true, T, TDy><<<grid, block, smem, stream>>>(p, b, r, coef);
-      } else {
-        dy_kernel<false, T, TDy><<<grid, block, smem, stream>>>(p, b, r, coef);
-      }
-      return util::launch_status("backward dy_kernel launch");
+      return launch_step(vec ? dy_kernel<true, T, TDy> : dy_kernel<false, T, TDy>, grid, block, smem, stream,
+                         "backward dy_kernel launch", p, b, r, coef);
     });
   });
 }

@@ -1,12 +1,21 @@
 // [B1] row pass: r_i = sum_n g_in * out_in (the softmax backward's row dot), as partial sums over
 //      at most 32 column strips; out = exp(z - lse_i) is recomputed from y. Block (32 column threads
-//      x 8 row lanes) covers one strip of 64 rows; each warp sums its row over the strip with shuffles.
+//      x 8 row lanes) covers one strip for blocks of 64 rows; each warp sums its row over the strip
+//      with shuffles.
 // [B2] column partials: r_i (the strip sums added in strip order), then per row tile S1 = sum dz and
-//      S2 = sum dz * xhat of every column, dz = out * (g - r_i). Block (32 x 8) covers 256 columns of
-//      one row tile; the 8 row lanes are merged in a fixed order. Deterministic, no atomics.
+//      S2 = sum dz * xhat of every column, dz = out * (g - r_i). Block (32 x 8) covers 256 columns for
+//      row tiles; the 8 row lanes are merged in a fixed order. Deterministic, no atomics.
+// Both launch one wave of blocks (kBlocksPerSm per SM), each walking row blocks (tiles) of its strip,
+// where one block per row block would queue: a block fills its column maps once, not once per row
+// block, and no partial last wave idles SMs. A row's sums and a tile's partials do not depend on which
+// block computes them, so the grid does not change any bits.
+#include <algorithm>
+
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/backward/column_map.cuh"
+#include "kernels/backward/launch_step.cuh"
 #include "util/cuda_check.h"
+#include "util/device_info.h"
 #include "kernels/common/vec8.cuh"
 
 namespace fused::cuda::backward_steps {
@@ -28,15 +37,22 @@ constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
 #endif
 constexpr int kRowDotBatch = FUSED_BWD_ROW_DOT_BATCH;
 constexpr int kRowBatch = 2;
+constexpr int kBlocksPerSm = 2;  // the registers' bound (__launch_bounds__), and the grids' wave
+// Bit 0: [B1] launches one wave of blocks, bit 1: [B2] does; a clear bit gives that kernel one block
+// per row block (tile) again, the grid before the wave, for A/B runs.
+#ifndef FUSED_BWD_ROW_WAVE
+#define FUSED_BWD_ROW_WAVE 3
+#endif
 
 // A row index that is always valid to read: rows past the end read the last row (masked later).
 __device__ __forceinline__ int64_t clamp_row(int64_t i, int64_t rows) { return i < rows ? i : rows - 1; }
 
 template <bool kVec, class T>
-__global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
+__global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     row_dot_kernel(BackwardProblem p, BackwardBuffers b, int64_t strip_width, float* __restrict__ r_part,
                    unsigned* counter) {
   __shared__ SharedColumnMaps shared_maps;
+  begin_step();
   const int t = threadIdx.y * kColThreads + threadIdx.x;
   if (blockIdx.x == 0 && blockIdx.y == 0 && t == 0) *counter = 0u;
   const auto* g = static_cast<const T*>(b.grad_out);
@@ -44,120 +60,148 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
   const auto* lse = static_cast<const float*>(b.row_lse);
   const int64_t c_begin = static_cast<int64_t>(blockIdx.x) * strip_width;
   const int64_t c_end = c_begin + strip_width < p.N ? c_begin + strip_width : p.N;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowDotRows + threadIdx.y;
-  constexpr int kBatch = kVec ? kRowDotBatch : kRowBatch;  // the element-wise loads' 4 would spill
-  float acc[kRowsPerLane] = {}, lse2[kRowsPerLane];
-#pragma unroll
-  for (int k = 0; k < kRowsPerLane; ++k) lse2[k] = r0 + k * kRowLanes < p.M ? lse2_of(lse[r0 + k * kRowLanes]) : 0.f;
-  for (int64_t c0 = c_begin; c0 < c_end; c0 += kStrip) {
-    __syncthreads();  // the previous chunk's maps are no longer read
-    shared_maps.fill(p, b, c0, t);
+  // A strip of one chunk (N <= 8192) fills its column maps once for all its row blocks.
+  const bool one_chunk = c_end - c_begin <= kStrip;
+  if (one_chunk) {
+    shared_maps.fill(p, b, c_begin, t);
     __syncthreads();
-    const int64_t col = c0 + threadIdx.x * 8;
-    if (col >= c_end) continue;
-    ColumnMaps maps;
-    maps.load(shared_maps, threadIdx.x * 8);
+  }
+  const int64_t row_blocks = (p.M + kRowDotRows - 1) / kRowDotRows;
+  constexpr int kBatch = kVec ? kRowDotBatch : kRowBatch;  // the element-wise loads' 4 would spill
+  for (int64_t rb = blockIdx.y; rb < row_blocks; rb += gridDim.y) {
+    const int64_t r0 = rb * kRowDotRows + threadIdx.y;
+    float acc[kRowsPerLane] = {}, lse2[kRowsPerLane];
 #pragma unroll
-    for (int k0 = 0; k0 < kRowsPerLane; k0 += kBatch) {
-      // Loads of a batch of rows first (rows past M read the last row: no branch between the loads),
-      // then the math, masked.
-      float gv[kBatch][8], yv[kBatch][8];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int64_t i = clamp_row(r0 + (k0 + u) * kRowLanes, p.M);
-        util::load8<kVec>(g + i * b.ldg, col, c_end, gv[u]);
-        util::load8<kVec>(y + i * b.ldy, col, c_end, yv[u]);
+    for (int k = 0; k < kRowsPerLane; ++k) lse2[k] = r0 + k * kRowLanes < p.M ? lse2_of(lse[r0 + k * kRowLanes]) : 0.f;
+    for (int64_t c0 = c_begin; c0 < c_end; c0 += kStrip) {
+      if (!one_chunk) {
+        __syncthreads();  // the previous chunk's maps are no longer read
+        shared_maps.fill(p, b, c0, t);
+        __syncthreads();
       }
+      const int64_t col = c0 + threadIdx.x * 8;
+      if (col >= c_end) continue;
+      ColumnMaps maps;
+      maps.load(shared_maps, threadIdx.x * 8);
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (r0 + (k0 + u) * kRowLanes >= p.M) continue;
+      for (int k0 = 0; k0 < kRowsPerLane; k0 += kBatch) {
+        // Loads of a batch of rows first (rows past M read the last row: no branch between the loads),
+        // then the math, masked.
+        float gv[kBatch][8], yv[kBatch][8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          acc[k0 + u] = fmaf(gv[u][j], maps.softmax(j, yv[u][j], lse2[k0 + u]), acc[k0 + u]);
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t i = clamp_row(r0 + (k0 + u) * kRowLanes, p.M);
+          util::load8<kVec>(g + i * b.ldg, col, c_end, gv[u]);
+          util::load8<kVec>(y + i * b.ldy, col, c_end, yv[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (r0 + (k0 + u) * kRowLanes >= p.M) continue;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            acc[k0 + u] = fmaf(gv[u][j], maps.softmax(j, yv[u][j], lse2[k0 + u]), acc[k0 + u]);
+        }
       }
     }
-  }
 #pragma unroll
-  for (int k = 0; k < kRowsPerLane; ++k) {
-    float v = acc[k];
+    for (int k = 0; k < kRowsPerLane; ++k) {
+      float v = acc[k];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int64_t i = r0 + k * kRowLanes;
-    if (threadIdx.x == 0 && i < p.M) r_part[blockIdx.x * p.M + i] = v;
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      const int64_t i = r0 + k * kRowLanes;
+      if (threadIdx.x == 0 && i < p.M) r_part[blockIdx.x * p.M + i] = v;
+    }
   }
 }
 
 // Blocks run in reverse order of [B1]'s (last row tile and column strip first): what [B1] read last
 // is still in L2 when this pass starts.
 template <bool kVec, class T>
-__global__ void __launch_bounds__(kColThreads* kRowLanes, 2)
+__global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     grad_partials_kernel(BackwardProblem p, BackwardBuffers b, const float* __restrict__ r_part, int num_strips,
                          float* __restrict__ r, GradPartials partials) {
   __shared__ float r_tile[kMaxRowTile], lse2_tile[kMaxRowTile];
   __shared__ SharedColumnMaps shared_maps;
+  __shared__ float sh1[kRowLanes][kStrip], sh2[kRowLanes][kStrip];
+  begin_step();
   const auto* g = static_cast<const T*>(b.grad_out);
   const auto* y = static_cast<const float*>(b.y);
   const auto* lse = static_cast<const float*>(b.row_lse);
   const int64_t strip = gridDim.x - 1 - blockIdx.x;
-  const int64_t tile = gridDim.y - 1 - blockIdx.y;
-  const int64_t r0 = tile * partials.row_tile;
-  const int rows = static_cast<int>(detail::row_tile_count(p.M, partials.row_tile, tile));
   const int t = threadIdx.y * kColThreads + threadIdx.x;
-  for (int i = t; i < rows; i += kColThreads * kRowLanes) {
-    float sum = 0.f;
-    for (int s = 0; s < num_strips; ++s) sum += r_part[s * p.M + r0 + i];
-    r_tile[i] = sum;
-    lse2_tile[i] = lse2_of(lse[r0 + i]);
-    if (strip == 0) r[r0 + i] = sum;  // for [B4]
-  }
-  shared_maps.fill(p, b, strip * kStrip, t);
-  __syncthreads();
-
   const int64_t col = strip * kStrip + threadIdx.x * 8;
-  float s1[8] = {}, s2[8] = {};
-  if (col < p.N) {
-    ColumnMaps maps;
-    maps.load(shared_maps, threadIdx.x * 8);
-    for (int i0 = threadIdx.y; i0 < rows; i0 += kRowBatch * kRowLanes) {
-      float gv[kRowBatch][8], yv[kRowBatch][8];
+  shared_maps.fill(p, b, strip * kStrip, t);
+  for (int64_t step = blockIdx.y; step < partials.num_row_tiles; step += gridDim.y) {
+    const int64_t tile = partials.num_row_tiles - 1 - step;
+    const int64_t r0 = tile * partials.row_tile;
+    const int rows = static_cast<int>(detail::row_tile_count(p.M, partials.row_tile, tile));
+    __syncthreads();  // the previous tile's r_tile, lse2_tile and sh1, sh2 are no longer read
+    for (int i = t; i < rows; i += kColThreads * kRowLanes) {
+      float sum = 0.f;
+      for (int s = 0; s < num_strips; ++s) sum += r_part[s * p.M + r0 + i];
+      r_tile[i] = sum;
+      lse2_tile[i] = lse2_of(lse[r0 + i]);
+      if (strip == 0) r[r0 + i] = sum;  // for [B4]
+    }
+    __syncthreads();
+
+    float s1[8] = {}, s2[8] = {};
+    if (col < p.N) {
+      ColumnMaps maps;
+      maps.load(shared_maps, threadIdx.x * 8);
+      for (int i0 = threadIdx.y; i0 < rows; i0 += kRowBatch * kRowLanes) {
+        float gv[kRowBatch][8], yv[kRowBatch][8];
 #pragma unroll
-      for (int u = 0; u < kRowBatch; ++u) {
-        const int64_t i = r0 + clamp_row(i0 + u * kRowLanes, rows);
-        util::load8<kVec>(g + i * b.ldg, col, p.N, gv[u]);
-        util::load8<kVec>(y + i * b.ldy, col, p.N, yv[u]);
-      }
+        for (int u = 0; u < kRowBatch; ++u) {
+          const int64_t i = r0 + clamp_row(i0 + u * kRowLanes, rows);
+          util::load8<kVec>(g + i * b.ldg, col, p.N, gv[u]);
+          util::load8<kVec>(y + i * b.ldy, col, p.N, yv[u]);
+        }
 #pragma unroll
-      for (int u = 0; u < kRowBatch; ++u) {
-        const int i = i0 + u * kRowLanes;
-        if (i >= rows) continue;
-        const float ri = r_tile[i], li = lse2_tile[i];
+        for (int u = 0; u < kRowBatch; ++u) {
+          const int i = i0 + u * kRowLanes;
+          if (i >= rows) continue;
+          const float ri = r_tile[i], li = lse2_tile[i];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li), gv[u][j], ri);
-          s1[j] += dz;
-          s2[j] = fmaf(dz, maps.xhat(j, yv[u][j]), s2[j]);
+          for (int j = 0; j < 8; ++j) {
+            const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li), gv[u][j], ri);
+            s1[j] += dz;
+            s2[j] = fmaf(dz, maps.xhat(j, yv[u][j]), s2[j]);
+          }
         }
       }
     }
-  }
-  __shared__ float sh1[kRowLanes][kStrip], sh2[kRowLanes][kStrip];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    sh1[threadIdx.y][threadIdx.x * 8 + j] = s1[j];
-    sh2[threadIdx.y][threadIdx.x * 8 + j] = s2[j];
-  }
-  __syncthreads();
-  const int64_t c = strip * kStrip + t;  // one column of the strip per thread
-  if (c < p.N) {
-    float a = 0.f, bsum = 0.f;
-#pragma unroll
-    for (int l = 0; l < kRowLanes; ++l) {
-      a += sh1[l][t];
-      bsum += sh2[l][t];
+    for (int j = 0; j < 8; ++j) {
+      sh1[threadIdx.y][threadIdx.x * 8 + j] = s1[j];
+      sh2[threadIdx.y][threadIdx.x * 8 + j] = s2[j];
     }
-    partials.s1[tile * partials.ld + c] = a;
-    partials.s2[tile * partials.ld + c] = bsum;
+    __syncthreads();
+    const int64_t c = strip * kStrip + t;  // one column of the strip per thread
+    if (c < p.N) {
+      float a = 0.f, bsum = 0.f;
+#pragma unroll
+      for (int l = 0; l < kRowLanes; ++l) {
+        a += sh1[l][t];
+        bsum += sh2[l][t];
+      }
+      partials.s1[tile * partials.ld + c] = a;
+      partials.s2[tile * partials.ld + c] = bsum;
+    }
   }
+}
+
+// Row blocks of a grid of `strips` column strips, for `needed` row blocks: with `one_wave`, as many
+// as one wave of blocks holds (kBlocksPerSm per SM), each block looping over several; else `needed`.
+Status grid_row_blocks(bool one_wave, int64_t needed, int64_t strips, int64_t& row_blocks) {
+  row_blocks = needed;
+  if (!one_wave) return Status::Ok();
+  int sms = 0;
+  FUSED_RETURN_IF_ERROR(util::sm_count(util::detail::current_device(), sms));
+  // rounded down: a block past the wave would run after the first ones end, a second round
+  const int64_t wave = std::max<int64_t>(1, int64_t{kBlocksPerSm} * sms / strips);
+  if (row_blocks > wave) row_blocks = wave;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -182,19 +226,18 @@ int64_t row_strip_width(int64_t N) {
 Status row_dot(const BackwardProblem& p, const BackwardBuffers& b, float* r_part, unsigned* counter,
                cudaStream_t stream) {
   const int64_t width = row_strip_width(p.N);
-  const int64_t row_blocks = util::ceil_div(p.M, kRowDotRows);
+  const int64_t strips = util::ceil_div(p.N, width);
+  int64_t row_blocks = 0;
+  const int64_t needed = util::ceil_div(p.M, int64_t{kRowDotRows});
+  FUSED_RETURN_IF_ERROR(grid_row_blocks(FUSED_BWD_ROW_WAVE & 1, needed, strips, row_blocks));
   if (row_blocks > 65535) return {StatusCode::kNotSupported, "backward row pass: more than 65535 * 64 rows"};
-  const dim3 grid(static_cast<unsigned>(util::ceil_div(p.N, width)), static_cast<unsigned>(row_blocks));
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks));
   const dim3 block(kColThreads, kRowLanes);
   const bool vec = inputs_vectorizable(p, b);
   return util::with_cuda_type(p.grad_dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (vec) {
-      row_dot_kernel<true, T><<<grid, block, 0, stream>>>(p, b, width, r_part, counter);
-    } else {
-      row_dot_kernel<false, T><<<grid, block, 0, stream>>>(p, b, width, r_part, counter);
-    }
-    return util::launch_status("backward row_dot_kernel launch");
+    return launch_step(vec ? row_dot_kernel<true, T> : row_dot_kernel<false, T>, grid, block, 0, stream,
+                       "backward row_dot_kernel launch", p, b, width, r_part, counter);
   });
 }
 
@@ -203,19 +246,18 @@ Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const f
   if (partials.num_row_tiles != util::ceil_div(p.M, partials.row_tile) || partials.ld < p.N ||
       partials.row_tile > kMaxRowTile)
     return {StatusCode::kInvalidArgument, "backward partials: geometry does not match M, N"};
-  if (partials.num_row_tiles > 65535) return {StatusCode::kNotSupported, "backward partials: too many row tiles"};
   const int strips = static_cast<int>(util::ceil_div(p.N, row_strip_width(p.N)));
-  const dim3 grid(static_cast<unsigned>(util::ceil_div(p.N, kStrip)), static_cast<unsigned>(partials.num_row_tiles));
+  const int64_t column_strips = util::ceil_div(p.N, int64_t{kStrip});
+  int64_t tile_blocks = 0;
+  FUSED_RETURN_IF_ERROR(grid_row_blocks(FUSED_BWD_ROW_WAVE & 2, partials.num_row_tiles, column_strips, tile_blocks));
+  if (tile_blocks > 65535) return {StatusCode::kNotSupported, "backward partials: too many row tiles"};
+  const dim3 grid(static_cast<unsigned>(column_strips), static_cast<unsigned>(tile_blocks));
   const dim3 block(kColThreads, kRowLanes);
   const bool vec = inputs_vectorizable(p, b);
   return util::with_cuda_type(p.grad_dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (vec) {
-      grad_partials_kernel<true, T><<<grid, block, 0, stream>>>(p, b, r_part, strips, r, partials);
-    } else {
-      grad_partials_kernel<false, T><<<grid, block, 0, stream>>>(p, b, r_part, strips, r, partials);
-    }
-    return util::launch_status("backward grad_partials_kernel launch");
+    return launch_step(vec ? grad_partials_kernel<true, T> : grad_partials_kernel<false, T>, grid, block, 0, stream,
+                       "backward grad_partials_kernel launch", p, b, r_part, strips, r, partials);
   });
 }
 

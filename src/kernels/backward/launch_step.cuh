@@ -1,0 +1,35 @@
+// How the backward's kernels [B1]..[B4] launch: each as a programmatic dependent of the kernel before it
+// in the stream (kernels/common/pdl.cuh), so its launch and its CTAs' start hide behind that kernel's
+// tail. Every one of them waits for its prerequisites before its first global-memory access and then
+// lets its own dependent launch. FUSED_BWD_PDL=0 launches them in plain stream order, for A/B runs.
+#pragma once
+
+#include <utility>
+
+#include "kernels/common/pdl.cuh"
+#include "util/cuda_check.h"
+
+#ifndef FUSED_BWD_PDL
+#define FUSED_BWD_PDL 1
+#endif
+
+namespace fused::cuda::backward_steps {
+
+// The start of every backward kernel: the kernel before it has completed and its writes are visible.
+__device__ __forceinline__ void begin_step() {
+  util::wait_for_prerequisites();
+  util::allow_dependents_to_launch();
+}
+
+template <class... KernelArgs, class... Args>
+Status launch_step(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   const char* what, Args&&... args) {
+  if constexpr (FUSED_BWD_PDL != 0) {
+    return util::launch_dependent(kernel, grid, block, smem, stream, what, std::forward<Args>(args)...);
+  } else {
+    kernel<<<grid, block, smem, stream>>>(static_cast<KernelArgs>(args)...);
+    return util::launch_status(what);
+  }
+}
+
+}  // namespace fused::cuda::backward_steps
