@@ -3,13 +3,10 @@
 // (TF32 tensor cores take K-major operands only, and dW reduces over M). Block (32 column threads x
 // 8 row lanes) covers 256 columns x 32 rows; the transposed tile goes through shared memory so that
 // dy^T's rows are written in 32-element runs.
-#include <algorithm>
-
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/backward/column_map.cuh"
 #include "kernels/backward/launch_step.cuh"
 #include "util/cuda_check.h"
-#include "util/device_info.h"
 #include "kernels/common/vec8.cuh"
 
 namespace fused::cuda::backward_steps {
@@ -22,7 +19,6 @@ static_assert(kStrip == kBlockColumns, "one shared column map per block");
 constexpr int kTileRows = 32;            // rows per block tile
 constexpr int kPitch = kStrip + 4;       // shared tile row pitch: 16-byte rows, 4-way conflicts at most
 constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
-constexpr int kBlocksPerSm = 2;          // the registers' bound (__launch_bounds__), and dy_pass's wave
 #ifndef FUSED_BWD_DY_WAVE
 #define FUSED_BWD_DY_WAVE 1  // 0: one block per row tile (the grid before the wave), for A/B runs
 #endif
@@ -121,14 +117,8 @@ Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* 
   // once per 32 rows, and no partial last wave idles SMs. Each element of dy is computed alone, so the grid
   // does not change its bits. H200, N = 8192, bf16: 19.6 us against 23.4 with the unbounded grid
   // (FUSED_BWD_DY_WAVE=0) at M = 1024, 80.1 against 102.2 at M = 4096, level at M = 256.
-  int64_t row_blocks = row_tiles < 65535 ? row_tiles : 65535;
-  if (FUSED_BWD_DY_WAVE) {
-    int sms = 0;
-    FUSED_RETURN_IF_ERROR(util::sm_count(util::detail::current_device(), sms));
-    // rounded down: a block past the wave would run after the first ones end, a second round
-    const int64_t wave_rows = std::max<int64_t>(1, int64_t{kBlocksPerSm} * sms / strips);
-    if (row_blocks > wave_rows) row_blocks = wave_rows;
-  }
+  int64_t row_blocks = 0;
+  FUSED_RETURN_IF_ERROR(grid_row_blocks(FUSED_BWD_DY_WAVE, row_tiles < 65535 ? row_tiles : 65535, strips, row_blocks));
   const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks));
   const dim3 block(kColThreads, kRowLanes);
   const size_t smem = b.dy_t != nullptr ? kTransposeSmem : 0;

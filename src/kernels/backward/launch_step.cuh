@@ -4,16 +4,35 @@
 // lets its own dependent launch. FUSED_BWD_PDL=0 launches them in plain stream order, for A/B runs.
 #pragma once
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/common/pdl.cuh"
 #include "util/cuda_check.h"
+#include "util/device_info.h"
 
 #ifndef FUSED_BWD_PDL
 #define FUSED_BWD_PDL 1
 #endif
 
 namespace fused::cuda::backward_steps {
+
+// Blocks of 256 threads per SM that the row passes' and dy's registers allow (their __launch_bounds__),
+// and that their one-wave grids count.
+constexpr int kBlocksPerSm = 2;
+
+// Row blocks of a grid of `strips` column strips, for `needed` row blocks (tiles): with `one_wave`, as
+// many as one wave of blocks holds (kBlocksPerSm per SM), each block walking several; else `needed`.
+inline Status grid_row_blocks(bool one_wave, int64_t needed, int64_t strips, int64_t& row_blocks) {
+  row_blocks = needed;
+  if (!one_wave) return Status::Ok();
+  int sms = 0;
+  FUSED_RETURN_IF_ERROR(util::sm_count(util::detail::current_device(), sms));
+  // rounded down: a block past the wave would run after the first ones end, a second round
+  const int64_t wave = std::max<int64_t>(1, int64_t{kBlocksPerSm} * sms / strips);
+  if (row_blocks > wave) row_blocks = wave;
+  return Status::Ok();
+}
 
 // The start of every backward kernel: the kernel before it has completed and its writes are visible.
 __device__ __forceinline__ void begin_step() {

@@ -9,13 +9,10 @@
 // where one block per row block would queue: a block fills its column maps once, not once per row
 // block, and no partial last wave idles SMs. A row's sums and a tile's partials do not depend on which
 // block computes them, so the grid does not change any bits.
-#include <algorithm>
-
 #include "kernels/backward/backward_kernels.h"
 #include "kernels/backward/column_map.cuh"
 #include "kernels/backward/launch_step.cuh"
 #include "util/cuda_check.h"
-#include "util/device_info.h"
 #include "kernels/common/vec8.cuh"
 
 namespace fused::cuda::backward_steps {
@@ -37,7 +34,6 @@ constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
 #endif
 constexpr int kRowDotBatch = FUSED_BWD_ROW_DOT_BATCH;
 constexpr int kRowBatch = 2;
-constexpr int kBlocksPerSm = 2;  // the registers' bound (__launch_bounds__), and the grids' wave
 // Bit 0: [B1] launches one wave of blocks, bit 1: [B2] does; a clear bit gives that kernel one block
 // per row block (tile) again, the grid before the wave, for A/B runs.
 #ifndef FUSED_BWD_ROW_WAVE
@@ -189,19 +185,6 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
       partials.s2[tile * partials.ld + c] = bsum;
     }
   }
-}
-
-// Row blocks of a grid of `strips` column strips, for `needed` row blocks: with `one_wave`, as many
-// as one wave of blocks holds (kBlocksPerSm per SM), each block looping over several; else `needed`.
-Status grid_row_blocks(bool one_wave, int64_t needed, int64_t strips, int64_t& row_blocks) {
-  row_blocks = needed;
-  if (!one_wave) return Status::Ok();
-  int sms = 0;
-  FUSED_RETURN_IF_ERROR(util::sm_count(util::detail::current_device(), sms));
-  // rounded down: a block past the wave would run after the first ones end, a second round
-  const int64_t wave = std::max<int64_t>(1, int64_t{kBlocksPerSm} * sms / strips);
-  if (row_blocks > wave) row_blocks = wave;
-  return Status::Ok();
 }
 
 }  // namespace
