@@ -3,7 +3,9 @@
 // on a set of shapes, against a device-to-device copy of y.
 // Two states of y before each timed call: "l2" (y just rewritten, as the GEMM leaves it: partly in
 // L2) and "cold" (L2 flushed by a 256 MiB write). Prints one JSON line per record; "same_bits" says
-// whether the layout's output equals the default layout's bit for bit.
+// whether the layout's output equals the default layout's bit for bit. The default layout runs twice:
+// with the exact map ("folded": false) and with its shift folded in (ColumnAffine::c_folded, "folded":
+// true), which the op's 16-bit and TF32 modes take.
 // Usage: bench_row_softmax [iters] [MxN ...]
 #include <cuda_runtime.h>
 
@@ -21,6 +23,12 @@ namespace {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
+}
+
+// The map's offset with the shift folded in, as finalize writes it (ColumnAffine::c_folded).
+__global__ void fold_offsets(const float* shift, const float* a, const float* c, float* c_folded, int64_t N) {
+  const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (n < N) c_folded[n] = static_cast<float>(double(c[n]) - double(a[n]) * double(shift[n]));
 }
 
 }  // namespace
@@ -41,7 +49,7 @@ int main(int argc, char** argv) {
   for (const auto& shape : shapes) {
     const int64_t M = shape[0], N = shape[1];
     const size_t y_bytes = size_t(M * N) * 4;
-    float *y, *y_src, *shift, *a, *c, *lse;
+    float *y, *y_src, *shift, *a, *c, *c_folded, *lse;
     void *out, *want;
     check(cudaMalloc(&y, y_bytes), "malloc y");
     check(cudaMalloc(&y_src, y_bytes), "malloc y_src");
@@ -50,6 +58,7 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&shift, N * 4), "malloc shift");
     check(cudaMalloc(&a, N * 4), "malloc a");
     check(cudaMalloc(&c, N * 4), "malloc c");
+    check(cudaMalloc(&c_folded, N * 4), "malloc c_folded");
     check(cudaMalloc(&lse, M * 4), "malloc lse");
     // y and the coefficients ~ U[0,1), fixed seeds.
     auto fill = [](float* p, int64_t n, uint32_t seed) {
@@ -59,8 +68,11 @@ int main(int argc, char** argv) {
     fill(shift, N, 29u);
     fill(a, N, 31u);
     fill(c, N, 37u);
+    fold_offsets<<<unsigned((N + 255) / 256), 256>>>(shift, a, c, c_folded, N);
     check(cudaMemcpy(y, y_src, y_bytes, cudaMemcpyDeviceToDevice), "copy y");
-    const fused::ColumnAffine affine{shift, a, c};
+    const fused::ColumnAffine exact{shift, a, c};
+    fused::ColumnAffine folded = exact;
+    folded.c_folded = c_folded;
     auto rewrite_y = [&] { cudaMemcpyAsync(y, y_src, y_bytes, cudaMemcpyDeviceToDevice); };
     auto flush_l2 = [&] { cudaMemsetAsync(flush, 0, flush_bytes); };
     const float copy_ms = fused::bench::median_ms_after(
@@ -72,14 +84,19 @@ int main(int argc, char** argv) {
       const size_t out_bytes = size_t(M * N) * (out_bf16 ? 2 : 4);
       const fused::cuda::SoftmaxLayout chosen = fused::cuda::row_softmax_layout(N);
       check(cudaMemset(want, 0xff, out_bytes), "poison");
-      if (!fused::cuda::row_softmax(y, N, M, N, affine, want, N, dt, lse, nullptr).ok()) return 1;
+      if (!fused::cuda::row_softmax(y, N, M, N, exact, want, N, dt, lse, nullptr).ok()) return 1;
       check(cudaDeviceSynchronize(), "default layout");
       std::vector<char> h_want(out_bytes), h_got(out_bytes);
       check(cudaMemcpy(h_want.data(), want, out_bytes, cudaMemcpyDeviceToHost), "copy want");
+      for (int fold = 0; fold < 2; ++fold)
       for (const auto& l : layouts) {
         if (l.threads != 0 && l.max_columns() < N) continue;
         if (!l.clustered && int64_t{l.threads} * 4 * l.vecs >= 2 * N && l.threads > 128) continue;  // too wide
         if (l.threads == 0 && N <= 8192) continue;  // the streaming kernel: only where rows are wide
+        const bool is_default = l.threads == chosen.threads && l.vecs == chosen.vecs && l.staged == chosen.staged &&
+                                l.clustered == chosen.clustered;
+        if (fold && !is_default) continue;
+        const fused::ColumnAffine& affine = fold ? folded : exact;
         auto run = [&] {
           fused::Status s = fused::cuda::row_softmax_with_layout(l, y, N, M, N, affine, out, N, dt, lse, nullptr);
           if (!s.ok()) { std::fprintf(stderr, "layout: %s\n", s.message); std::exit(1); }
@@ -93,17 +110,16 @@ int main(int argc, char** argv) {
         const float cold_ms = fused::bench::median_ms_after(flush_l2, run, iters, 3);
         const double bytes = double(y_bytes + out_bytes);
         std::printf("{\"M\":%lld,\"N\":%lld,\"out\":\"%s\",\"kernel\":\"softmax_%dx%d%s\",\"default\":%s,"
-                    "\"same_bits\":%s,\"ms_l2\":%.5f,\"ms_cold\":%.5f,\"gbps_cold\":%.1f,\"of_copy_cold\":%.3f}\n",
+                    "\"folded\":%s,\"same_bits\":%s,\"ms_l2\":%.5f,\"ms_cold\":%.5f,\"gbps_cold\":%.1f,"
+                    "\"of_copy_cold\":%.3f}\n",
                     (long long)M, (long long)N, out_bf16 ? "bf16" : "fp32", l.threads, l.vecs,
-                    l.clustered ? "_clustered" : l.staged ? "_staged" : "",
-                    (l.threads == chosen.threads && l.vecs == chosen.vecs && l.staged == chosen.staged &&
-                     l.clustered == chosen.clustered) ? "true" : "false",
-                    same ? "true" : "false", l2_ms, cold_ms, bytes / cold_ms / 1e6,
+                    l.clustered ? "_clustered" : l.staged ? "_staged" : "", is_default ? "true" : "false",
+                    fold ? "true" : "false", same ? "true" : "false", l2_ms, cold_ms, bytes / cold_ms / 1e6,
                     (bytes / cold_ms) / (2.0 * y_bytes / copy_ms));
         std::fflush(stdout);
       }
     }
-    cudaFree(y); cudaFree(y_src); cudaFree(out); cudaFree(want); cudaFree(shift); cudaFree(a); cudaFree(c); cudaFree(lse);
+    cudaFree(y); cudaFree(y_src); cudaFree(out); cudaFree(want); cudaFree(shift); cudaFree(a); cudaFree(c); cudaFree(c_folded); cudaFree(lse);
   }
   cudaFree(flush);
   return 0;

@@ -7,7 +7,8 @@
 #   VARIANTS="name:-DFLAG=1 -DOTHER=2;name2:-DFLAG=2" bash bench/cpp/variants.sh [TU[,TU...]] [bench args]
 #     TU:         the source(s) under src/kernels/sm90/ (default gemm_stats_sm90_3xtf32_128x128.cu),
 #                 or under src/kernels/ when the name holds a slash (common/row_softmax.cu: a TU of
-#                 libfused_core.a); several, comma-separated, are each recompiled with the variant's
+#                 libfused_core.a), or a path from the repository root when it starts with src/
+#                 (src/api/forward_cuda.cu); several, comma-separated, are each recompiled with the variant's
 #                 flags (e.g. the bf16 and tf32 instantiations of one kernel)
 #     bench args: bench_sm90_gemm_stats's (default 1024 8192 8192 50)
 #     RUNS:       timed runs per variant (default 2); BENCH_GREP: bench lines kept (default 3xtf32);
@@ -30,7 +31,7 @@ VARIANT_BENCH=${VARIANT_BENCH:-bench_sm90_gemm_stats}
 VARIANT_TEST=${VARIANT_TEST:-test_sm90_gemm_stats}
 declare -A compile lib_of
 for TU in "${TUS[@]}"; do
-  case "$TU" in */*) src=src/kernels/$TU ;; *) src=src/kernels/sm90/$TU ;; esac
+  case "$TU" in src/*) src=$TU ;; */*) src=src/kernels/$TU ;; *) src=src/kernels/sm90/$TU ;; esac
   OBJ=$(ninja -t targets all | grep -oE "^CMakeFiles/[a-z0-9_]+\.dir/$src\.o" | head -1)
   [ -n "$OBJ" ] || { echo "no object for $src"; exit 2; }
   compile[$TU]=$(ninja -t commands "$OBJ" | tail -1)

@@ -137,6 +137,7 @@ FUSED_HD double running_stat_factor(const BatchNormArgs& bn) {
 // The statistics a column is normalised with, and the folded map z = a (y - shift) + c.
 struct ColumnMap {
   float shift = 0.f, a = 0.f, c = 0.f, invstd = 0.f;
+  double var = 0.0;  // the variance normalised with
 };
 
 // Column `col`'s map, without side effects: batch statistics (batch.n rows: this call's, or all
@@ -163,6 +164,7 @@ FUSED_HD ColumnMap column_map(int64_t col, const MeanM2& batch, const BatchNormA
   m.a = static_cast<float>(s * g * invstd);
   m.c = static_cast<float>(s * b);
   m.invstd = static_cast<float>(invstd);
+  m.var = var;
   return m;
 }
 
@@ -181,8 +183,28 @@ FUSED_HD void update_running_stats(int64_t col, const MeanM2& batch, const Batch
   half_bits::store(bn.running_var, pt, col, static_cast<float>((1.0 - f) * load(bn.running_var, pt, col) + f * unbiased));
 }
 
-// Finalizes column `col`: the running-statistics update, the saved invstd and the folded affine map.
-// The count is the batch's (batch.n: this call's rows, or all ranks' with bn.rank_moments).
+// The offset of column `col`'s map with the shift folded in, z = a y + folded_offset: c - a * shift from
+// the map's float a, shift and c, in double (exact but for one rounding in the sum), rounded once to
+// float. Against z = a (y - shift) + c it adds at most half an ulp of |c - a shift| to every logit of
+// the column: about what rounding y to fp32 already costs a logit (|a y| 2^-24, y ~ shift), and far
+// below what a GEMM that rounds its inputs to 16 bits or TF32 costs it. NaN, where the exact map must
+// stay (the softmax then computes it):
+//   - zero variance: y - shift is exactly 0 for every row there, so the exact map's z is exactly c,
+//     and a zero-variance column has a = s gamma / sqrt(eps), the largest slope (2^-24 |a shift| of
+//     error on every logit otherwise);
+//   - any of a, shift, c not finite: the exact map's NaN and inf pattern;
+//   - |c - a shift| > 2^100: never overflows, and four offsets sum to a finite value exactly when all
+//     four are finite (the softmax's one test per 4 columns).
+FUSED_HD bool is_finite(float v) { return fabsf(v) <= 3.40282347e38f; }  // false for NaN and inf
+FUSED_HD float folded_offset(const ColumnMap& m, double var) {
+  const double folded = static_cast<double>(m.c) - static_cast<double>(m.a) * static_cast<double>(m.shift);
+  const bool keep = var > 0.0 && is_finite(m.a) && is_finite(m.shift) && is_finite(m.c) && fabs(folded) <= 0x1p100;
+  return keep ? static_cast<float>(folded) : NAN;
+}
+
+// Finalizes column `col`: the running-statistics update, the saved invstd and the folded affine map
+// (with its shift folded in too, where out.c_folded is given). The count is the batch's (batch.n:
+// this call's rows, or all ranks' with bn.rank_moments).
 FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, const BatchNormArgs& bn, float* save_invstd,
                               const ColumnAffine& out) {
   const ColumnMap m = column_map(col, batch, bn);  // before the update: eval reads the running statistics
@@ -190,6 +212,7 @@ FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, const BatchNormA
   out.shift[col] = m.shift;
   out.a[col] = m.a;
   out.c[col] = m.c;
+  if (out.c_folded != nullptr) out.c_folded[col] = folded_offset(m, m.var);
   save_invstd[col] = m.invstd;
 }
 
