@@ -4,8 +4,8 @@
 // Two states of y before each timed call: "l2" (y just rewritten, as the GEMM leaves it: partly in
 // L2) and "cold" (L2 flushed by a 256 MiB write). Prints one JSON line per record; "same_bits" says
 // whether the layout's output equals the default layout's bit for bit. The default layout runs twice:
-// with the exact map ("folded": false) and with its shift folded in (ColumnAffine::c_folded, "folded":
-// true), which the op's 16-bit and TF32 modes take.
+// with the exact map ("folded": false) and with its shift folded in (ColumnAffine::shift_folded,
+// "folded": true), which the op's 16-bit and TF32 modes take.
 // Usage: bench_row_softmax [iters] [MxN ...]
 #include <cuda_runtime.h>
 
@@ -25,7 +25,7 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
 }
 
-// The map's offset with the shift folded in, as finalize writes it (ColumnAffine::c_folded).
+// The map's offset with the shift folded in, c - a shift, as finalize writes it (ColumnAffine::shift_folded).
 __global__ void fold_offsets(const float* shift, const float* a, const float* c, float* c_folded, int64_t N) {
   const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n < N) c_folded[n] = static_cast<float>(double(c[n]) - double(a[n]) * double(shift[n]));
@@ -71,8 +71,8 @@ int main(int argc, char** argv) {
     fold_offsets<<<unsigned((N + 255) / 256), 256>>>(shift, a, c, c_folded, N);
     check(cudaMemcpy(y, y_src, y_bytes, cudaMemcpyDeviceToDevice), "copy y");
     const fused::ColumnAffine exact{shift, a, c};
-    fused::ColumnAffine folded = exact;
-    folded.c_folded = c_folded;
+    fused::ColumnAffine folded{shift, a, c_folded};
+    folded.shift_folded = true;
     auto rewrite_y = [&] { cudaMemcpyAsync(y, y_src, y_bytes, cudaMemcpyDeviceToDevice); };
     auto flush_l2 = [&] { cudaMemsetAsync(flush, 0, flush_bytes); };
     const float copy_ms = fused::bench::median_ms_after(

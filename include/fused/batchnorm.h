@@ -82,15 +82,15 @@ struct BatchNormArgs {
 // The per-column map that BatchNorm + scale fold into:  z[i, n] = a[n] * (y[i, n] - shift[n]) + c[n]
 //   shift = mean (batch or running),  a = scale * gamma * invstd,  c = scale * beta.
 // Subtracting the mean before scaling keeps z exact when |mean| >> std.
-// c_folded, where given, also holds the map with the shift folded in, z = a y + c_folded
-// (detail::folded_offset: NaN for the columns it would not keep as good), so that the softmax loads
-// two coefficients a column instead of three. The forward gives it where its GEMM rounds more than
-// the fold does (cuda::folds_logit_shift).
+// With shift_folded, finalize writes the map with its shift folded in, z = a[n] * y[i, n] + c[n]
+// (detail::folded_map), and the softmax loads two coefficients a column instead of three; shift
+// still receives the saved mean, which the softmax then does not read. The forward folds where its
+// GEMM rounds more than the fold does (cuda::folds_logit_shift).
 struct ColumnAffine {
-  float* shift = nullptr;     // (N); the saved mean
-  float* a = nullptr;         // (N)
-  float* c = nullptr;         // (N)
-  float* c_folded = nullptr;  // (N) or null: the exact map only
+  float* shift = nullptr;  // (N); the saved mean
+  float* a = nullptr;      // (N)
+  float* c = nullptr;      // (N)
+  bool shift_folded = false;
 };
 
 }  // namespace fused

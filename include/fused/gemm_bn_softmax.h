@@ -153,14 +153,15 @@ constexpr int64_t kExactFp32MaxBatch = 16;
 Status choose_path(const ForwardProblem& p, const ForwardBuffers& b, const DeviceProperties& device,
                    PathRequest request, GemmPath* path);
 
-// Whether the forward's softmax takes the BatchNorm map with its shift folded in (ColumnAffine::c_folded:
-// z = a y + c_folded, one coefficient fewer to load per column and row) rather than z = a (y - shift) + c:
-// where the GEMM's inputs are 16-bit (bf16, fp16, autocast) or TF32-rounded. There the fold's error, at
-// most half an ulp of |c - a shift| per logit (detail::folded_offset), is about what rounding y to fp32
-// already costs, and thousands of times below the input rounding the op's accuracy bounds allow for
-// (bf16 7e-3, fp16 1e-3 against float64). The exact-grade GEMMs (fp32 "highest", 3xTF32, and TF32 at
-// M <= kExactFp32MaxBatch, which the generic path runs in exact fp32) keep the exact map. Either map
-// gives the same NaN and inf pattern and the same exact logits of zero-variance columns.
+// Whether the forward's softmax takes the BatchNorm map with its shift folded in (ColumnAffine::shift_folded:
+// z = a y + c, one coefficient fewer to load per column and row) rather than z = a (y - shift) + c: where
+// the GEMM's inputs are 16-bit (bf16, fp16, autocast) or TF32-rounded, on the paths whose softmax reads
+// the map per row (not the recompute path's passes, nor the one-kernel form, which keep the exact map).
+// There the fold's error, at most half an ulp of |c - a shift| per logit (detail::folded_map), is about
+// what rounding y to fp32 already costs, and thousands of times below the input rounding the op's
+// accuracy bounds allow for (bf16 7e-3, fp16 1e-3 against float64). The exact-grade GEMMs (fp32
+// "highest", 3xTF32, and TF32 at M <= kExactFp32MaxBatch, which the generic path runs in exact fp32)
+// keep the exact map.
 bool folds_logit_shift(const ForwardProblem& p);
 
 // Whether forward() on `path` needs a y buffer although y is not kept (keep_y = false): its steps write y
@@ -172,8 +173,7 @@ bool forward_needs_y_scratch(const ForwardProblem& p, GemmPath path);
 //   partials mean + M2   2 * ceil(M / row_tile) * ld floats  (sm90: row_tile 256, or 128 for grids
 //                                                            under one wave; ld = round_up(N, 128);
 //                                                            generic: row_tile 128, ld = round_up(N, 4))
-//   folded a, c          2 * N floats, and N for c_folded where the softmax folds (folds_logit_shift; not
-//                        on the recompute path)
+//   folded a, c          2 * N floats
 //   sm90: the GEMM's own (CUTLASS tile-scheduler workspace; 0 for the data-parallel persistent schedule;
 //         with split K one fp32 128x128 tile of partial sums per output tile and its counters: about 2 MiB at
 //         1024 x 512 x 4096); 3xTF32 always runs the 128x128 tile (row_tile 128). Where forward() runs
@@ -182,7 +182,7 @@ bool forward_needs_y_scratch(const ForwardProblem& p, GemmPath path);
 //         so the same workspace also serves gemm_column_moments
 //   generic: the bias in fp32 (N floats) and cuBLASLt's workspace: 1 MiB + room for 8 fp32 copies
 //            of y (split-K partial products), at most 32 MiB (what PyTorch gives cuBLAS on Hopper)
-// Headline problem (M = 1024, N = 8192): 352 KiB on the sm90 path, 32.6 MiB on the generic path.
+// Headline problem (M = 1024, N = 8192): 320 KiB on the sm90 path, 32.6 MiB on the generic path.
 // The outputs (out, y, save_mean, save_invstd, row_lse) are the caller's, not part of the workspace.
 std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include_cublaslt_workspace = true);
 

@@ -148,17 +148,11 @@ Status generic_gemm(const ForwardProblem& p, const ForwardBuffers& b, char* gemm
 }  // namespace
 
 namespace {
-// Whether this path's softmax reads ColumnAffine::c_folded: the recompute path's passes take the exact
-// map (they read the coefficients once per tile, not per row), and need no region for it.
-bool softmax_folds(const ForwardProblem& p, GemmPath path) {
-  return path != GemmPath::kRecompute && folds_logit_shift(p);
-}
-
 std::size_t form_workspace_bytes(const ForwardProblem& p, GemmPath path, Form form, bool include_cublaslt_workspace) {
   ColumnStatsPartials g;
   if (!partials_geometry(p, path, form, g).ok()) return 0;
   return 2 * align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles * g.ld)) +
-         (softmax_folds(p, path) ? 3 : 2) * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) +
+         2 * align_up(sizeof(float) * static_cast<std::size_t>(p.N)) +
          gemm_bytes(p, path, form, include_cublaslt_workspace);
 }
 }  // namespace
@@ -172,8 +166,7 @@ std::size_t workspace_bytes(const ForwardProblem& p, GemmPath path, bool include
 
 namespace {
 
-// The workspace's regions: [partials.mean | partials.m2 | a | c | c_folded (softmax_folds) | the path's GEMM
-// workspace].
+// The workspace's regions: [partials.mean | partials.m2 | a | c | the path's GEMM workspace].
 struct WorkspaceRegions {
   ColumnStatsPartials partials;
   ColumnAffine affine;
@@ -195,10 +188,10 @@ Status carve(const ForwardProblem& p, GemmPath path, Form form, float* save_mean
   const std::size_t partial_bytes = sizeof(float) * static_cast<std::size_t>(w.partials.num_row_tiles * w.partials.ld);
   w.partials.mean = reinterpret_cast<float*>(take(partial_bytes));
   w.partials.m2 = reinterpret_cast<float*>(take(partial_bytes));
-  w.affine.shift = save_mean;
-  w.affine.a = reinterpret_cast<float*>(take(sizeof(float) * p.N));
-  w.affine.c = reinterpret_cast<float*>(take(sizeof(float) * p.N));
-  if (softmax_folds(p, path)) w.affine.c_folded = reinterpret_cast<float*>(take(sizeof(float) * p.N));
+  w.affine = ColumnAffine{save_mean, reinterpret_cast<float*>(take(sizeof(float) * p.N)),
+                          reinterpret_cast<float*>(take(sizeof(float) * p.N))};
+  // The recompute path's passes read the exact map (once per tile, not per row).
+  w.affine.shift_folded = path != GemmPath::kRecompute && folds_logit_shift(p);
   w.gemm = cursor;
   w.gemm_size = workspace_size - static_cast<std::size_t>(cursor - static_cast<char*>(workspace));
   return Status::Ok();

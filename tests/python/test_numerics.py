@@ -74,7 +74,7 @@ def test_constant_columns_and_rows_take_the_eps_path(device, path):
 def test_zero_variance_columns_stay_exact_where_the_shift_is_folded(device, path, dtype):
     """In 16-bit and TF32 modes the CUDA softmax takes the BatchNorm map as z = a y + (c - a mean)
     (one coefficient fewer to load). For a zero-variance column, a = gamma / sqrt(eps), that fold would
-    put about 2e-4 on every logit at means near 10; those columns keep the exact map, z = c. Every row
+    put about 2e-4 on every logit at means near 10; such columns are folded as a = 0, z = c, exactly. Every row
     equal: every column has zero variance, so out is softmax(beta) in every row. fp32 output; 512 x 4096,
     which runs the softmax after the GEMM (not the sm90 path's one-kernel form)."""
     torch.manual_seed(7)

@@ -183,36 +183,46 @@ FUSED_HD void update_running_stats(int64_t col, const MeanM2& batch, const Batch
   half_bits::store(bn.running_var, pt, col, static_cast<float>((1.0 - f) * load(bn.running_var, pt, col) + f * unbiased));
 }
 
-// The offset of column `col`'s map with the shift folded in, z = a y + folded_offset: c - a * shift from
-// the map's float a, shift and c, in double (exact but for one rounding in the sum), rounded once to
-// float. Against z = a (y - shift) + c it adds at most half an ulp of |c - a shift| to every logit of
+// Column `col`'s map with its shift folded in, z = a' y + c' (ColumnAffine::shift_folded): a' = a and
+// c' = c - a * shift from the map's floats, in double (exact but for one rounding in the sum), rounded
+// once to float. Against z = a (y - shift) + c it adds at most half an ulp of |c'| to every logit of
 // the column: about what rounding y to fp32 already costs a logit (|a y| 2^-24, y ~ shift), and far
-// below what a GEMM that rounds its inputs to 16 bits or TF32 costs it. NaN, where the exact map must
-// stay (the softmax then computes it):
-//   - zero variance: y - shift is exactly 0 for every row there, so the exact map's z is exactly c,
-//     and a zero-variance column has a = s gamma / sqrt(eps), the largest slope (2^-24 |a shift| of
-//     error on every logit otherwise);
-//   - any of a, shift, c not finite: the exact map's NaN and inf pattern;
-//   - |c - a shift| > 2^100: never overflows, and four offsets sum to a finite value exactly when all
-//     four are finite (the softmax's one test per 4 columns).
-FUSED_HD bool is_finite(float v) { return fabsf(v) <= 3.40282347e38f; }  // false for NaN and inf
-FUSED_HD float folded_offset(const ColumnMap& m, double var) {
+// below what a GEMM that rounds its inputs to 16 bits or TF32 costs it. NaN and inf propagate as
+// through the exact map (a NaN or infinite shift, c or y), and so do columns of zero batch variance
+// exactly: y - shift is exactly 0 in every row there, so the exact map gives z = c, which a' = 0 keeps (the
+// fold would put 2^-24 |a shift| on each logit, a being s gamma / sqrt(eps) there). Only a map no
+// float fold can hold gives NaN in the whole column (its rows' softmax NaN), where the exact map's
+// logits are infinite or beyond fp32 in part: a = +-inf, or |c - a shift| > FLT_MAX with everything
+// finite. Both need |scale * gamma| above about 1e26 (a column with variance has |shift| / std at
+// most about 2^24 sqrt(M)).
+struct FoldedMap {
+  float a = 0.f, c = 0.f;
+};
+FUSED_HD FoldedMap folded_map(const ColumnMap& m, bool batch_statistics) {
+  constexpr float kMax = 3.40282347e38f;
+  if (batch_statistics && m.var == 0.0) return {0.f, m.c};  // (a zero running variance says nothing of y)
+  if (fabsf(m.a) > kMax) return {NAN, NAN};  // +-inf; a NaN a folds to NaN below as it is
   const double folded = static_cast<double>(m.c) - static_cast<double>(m.a) * static_cast<double>(m.shift);
-  const bool keep = var > 0.0 && is_finite(m.a) && is_finite(m.shift) && is_finite(m.c) && fabs(folded) <= 0x1p100;
-  return keep ? static_cast<float>(folded) : NAN;
+  const bool overflows = fabs(folded) > kMax && fabsf(m.shift) <= kMax && fabsf(m.c) <= kMax;
+  return overflows ? FoldedMap{NAN, NAN} : FoldedMap{m.a, static_cast<float>(folded)};
 }
 
 // Finalizes column `col`: the running-statistics update, the saved invstd and the folded affine map
-// (with its shift folded in too, where out.c_folded is given). The count is the batch's (batch.n:
-// this call's rows, or all ranks' with bn.rank_moments).
+// (with its shift folded in too where out.shift_folded). The count is the batch's (batch.n: this
+// call's rows, or all ranks' with bn.rank_moments).
 FUSED_HD void finalize_column(int64_t col, const MeanM2& batch, const BatchNormArgs& bn, float* save_invstd,
                               const ColumnAffine& out) {
   const ColumnMap m = column_map(col, batch, bn);  // before the update: eval reads the running statistics
   update_running_stats(col, batch, bn);
   out.shift[col] = m.shift;
-  out.a[col] = m.a;
-  out.c[col] = m.c;
-  if (out.c_folded != nullptr) out.c_folded[col] = folded_offset(m, m.var);
+  if (out.shift_folded) {
+    const FoldedMap f = folded_map(m, bn.uses_batch_stats());
+    out.a[col] = f.a;
+    out.c[col] = f.c;
+  } else {
+    out.a[col] = m.a;
+    out.c[col] = m.c;
+  }
   save_invstd[col] = m.invstd;
 }
 

@@ -55,7 +55,6 @@ using util::block_reduce;
 struct Coefs4 {
   float4 shift, a, c;
 };
-
 // 4 entries of a per-column vector from col; columns >= N give 0.
 template <bool kVec>
 __device__ __forceinline__ float4 load_column4(const float* __restrict__ v, int64_t col, int64_t N) {
@@ -66,21 +65,16 @@ __device__ __forceinline__ float4 load_column4(const float* __restrict__ v, int6
   return make_float4(e[0], e[1], e[2], e[3]);
 }
 
-// With f.c_folded, two loads where the exact map takes three: the softmax kernels issue on most of
-// their cycles, and the coefficients' loads (re-read every row) were a fifth of the 512 x 4 staged
-// kernel's time (H200, 1024x8192 bf16 out: 19.6 us with three, 17.3 with two, 15.7 with none; probes).
-// A group of 4 columns holding one the fold does not keep (a NaN offset, detail::folded_offset; the
-// offsets' sum is finite exactly when all four are) takes the exact map. So do rows without 16-byte
-// accesses (!kVec), a rare path where the branch made the element-wise loads spill.
+// With f.shift_folded (the map is z = a y + c, shift 0), two loads instead of three: the softmax
+// kernels issue on most of their cycles, and the coefficients' loads, re-read every row, were a fifth
+// of the 512 x 4 staged kernel's time (H200, 1024x8192 bf16 out: 19.6 us with three, 17.3 with two,
+// 15.7 with none; probes). The flag is the call's, the same for every thread: no load waits on a test.
+// (Folding per column, with the exact map for the groups holding a column the fold cannot keep, made
+// each group's loads wait for the previous group's test: 10 % slower at 1024x4096.)
 template <bool kVec>
 __device__ __forceinline__ Coefs4 load_coefs(const ColumnAffine& f, int64_t col, int64_t N) {
-  if (kVec && f.c_folded != nullptr) {
-    const float4 a = load_column4<kVec>(f.a, col, N), folded = load_column4<kVec>(f.c_folded, col, N);
-    if (detail::is_finite((folded.x + folded.y) + (folded.z + folded.w)))
-      return {make_float4(0.f, 0.f, 0.f, 0.f), a, folded};
-    return {load_column4<kVec>(f.shift, col, N), a, load_column4<kVec>(f.c, col, N)};
-  }
-  return {load_column4<kVec>(f.shift, col, N), load_column4<kVec>(f.a, col, N), load_column4<kVec>(f.c, col, N)};
+  const float4 shift = f.shift_folded ? make_float4(0.f, 0.f, 0.f, 0.f) : load_column4<kVec>(f.shift, col, N);
+  return {shift, load_column4<kVec>(f.a, col, N), load_column4<kVec>(f.c, col, N)};
 }
 
 __device__ __forceinline__ float4 logits4(float4 y4, const Coefs4& k) {
@@ -283,8 +277,11 @@ struct AcrossCluster {
 // streaming kernel's 464 and an fp32 copy of y's 256). With one CTA a cluster it gives the unclustered
 // kernel's bits. Otherwise (one CTA a row) N <= kThreads * kVecs * 4, and CTAs walk rows blockIdx.x,
 // + gridDim.x, ...
+// Two CTAs per SM where the coefficients are reloaded per row (kResident false): the compiler otherwise
+// took 78 registers for 512 x 4 with fp32 out (the row loop specialised for ColumnAffine::shift_folded),
+// one CTA per SM. (0: no minimum, which the resident layouts keep; a minimum of 1 raised theirs.)
 template <int kThreads, int kVecs, bool kResident, class TOut, bool kClustered = false>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kResident ? 0 : 2)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
   static_assert(kResident || !kClustered, "a cluster's CTAs keep their columns' coefficients");
