@@ -84,8 +84,8 @@ struct BatchNormArgs {
 // Subtracting the mean before scaling keeps z exact when |mean| >> std.
 // With shift_folded, finalize writes the map with its shift folded in, z = a[n] * y[i, n] + c[n]
 // (detail::folded_map), and the softmax loads two coefficients a column instead of three; shift
-// still receives the saved mean, which the softmax then does not read. The forward folds where its
-// GEMM rounds more than the fold does (cuda::folds_logit_shift).
+// still receives the saved mean, which the softmax then does not read. The forward folds for 16-bit
+// outputs (cuda::folds_logit_shift).
 struct ColumnAffine {
   float* shift = nullptr;  // (N); the saved mean
   float* a = nullptr;      // (N)

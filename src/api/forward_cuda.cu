@@ -308,9 +308,7 @@ Status finalize_and_softmax(const ForwardProblem& p, const ForwardBuffers& b, co
 #endif
 
 bool folds_logit_shift(const ForwardProblem& p) {
-  if (!FUSED_FOLD_LOGIT_SHIFT) return false;
-  if (p.dtype != ElementType::kFloat32) return true;
-  return p.precision == MatmulPrecision::kTF32 && p.M > kExactFp32MaxBatch;
+  return FUSED_FOLD_LOGIT_SHIFT && p.out_dtype != ElementType::kFloat32;
 }
 
 Status forward(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, GemmPath path,

@@ -187,7 +187,7 @@ FUSED_HD void update_running_stats(int64_t col, const MeanM2& batch, const Batch
 // c' = c - a * shift from the map's floats, in double (exact but for one rounding in the sum), rounded
 // once to float. Against z = a (y - shift) + c it adds at most half an ulp of |c'| to every logit of
 // the column: about what rounding y to fp32 already costs a logit (|a y| 2^-24, y ~ shift), and far
-// below what a GEMM that rounds its inputs to 16 bits or TF32 costs it. NaN and inf propagate as
+// below a 16-bit output's rounding. NaN and inf propagate as
 // through the exact map (a NaN or infinite shift, c or y), and so do columns of zero batch variance
 // exactly: y - shift is exactly 0 in every row there, so the exact map gives z = c, which a' = 0 keeps (the
 // fold would put 2^-24 |a shift| on each logit, a being s gamma / sqrt(eps) there). Only a map no
