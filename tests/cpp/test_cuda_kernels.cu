@@ -185,18 +185,25 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BiasRowsGpu,
                                   std::to_string(std::get<2>(info.param));
                          });
 
-TEST(FinalizeGpu, MatchesCpuBitForBit) {
-  REQUIRE_GPU();
-  const int64_t M = 1000, N = 300;
-  const auto y = test::random_columns(M, N, 10.0, 12);
+// The CPU's column partials of y (M x N) in row tiles of 128, held in `storage`.
+ColumnStatsPartials host_partials(const std::vector<float>& y, int64_t M, int64_t N, std::vector<float>& storage) {
   ColumnStatsPartials p;
   p.row_tile = 128;
   p.num_row_tiles = (M + 127) / 128;
   p.ld = N;
-  std::vector<float> hpart(2 * p.num_row_tiles * N);
-  p.mean = hpart.data();
-  p.m2 = hpart.data() + p.num_row_tiles * N;
+  storage.assign(2 * p.num_row_tiles * N, 0.f);
+  p.mean = storage.data();
+  p.m2 = storage.data() + p.num_row_tiles * N;
   cpu::column_partials(y.data(), N, M, N, p);
+  return p;
+}
+
+TEST(FinalizeGpu, MatchesCpuBitForBit) {
+  REQUIRE_GPU();
+  const int64_t M = 1000, N = 300;
+  const auto y = test::random_columns(M, N, 10.0, 12);
+  std::vector<float> hpart;
+  const ColumnStatsPartials p = host_partials(y, M, N, hpart);
   std::vector<float> gamma(N), beta(N), rm(N), rv(N), scale(N);
   for (int64_t n = 0; n < N; ++n) {
     gamma[n] = 1.f + 0.01f * n; beta[n] = 0.02f * n; rm[n] = 0.1f * n; rv[n] = 2.f; scale[n] = 0.5f + 0.001f * n;
@@ -239,14 +246,8 @@ TEST(FinalizeGpu, FoldedMapIsTheExactMapWithItsShiftFoldedIn) {
   const int64_t M = 1000, N = 300;
   auto y = test::random_columns(M, N, 10.0, 12);
   for (int64_t i = 0; i < M; ++i) y[i * N + 7] = 3.25f;  // zero batch variance
-  ColumnStatsPartials p;
-  p.row_tile = 128;
-  p.num_row_tiles = (M + 127) / 128;
-  p.ld = N;
-  std::vector<float> hpart(2 * p.num_row_tiles * N);
-  p.mean = hpart.data();
-  p.m2 = hpart.data() + p.num_row_tiles * N;
-  cpu::column_partials(y.data(), N, M, N, p);
+  std::vector<float> hpart;
+  const ColumnStatsPartials p = host_partials(y, M, N, hpart);
   std::vector<float> gamma(N), beta(N), rm(N), rv(N, 2.f);
   for (int64_t n = 0; n < N; ++n) {
     gamma[n] = 1.f + 0.01f * n; beta[n] = 0.02f * n - 1.f; rm[n] = 0.1f * n;
