@@ -183,18 +183,17 @@ FUSED_HD void update_running_stats(int64_t col, const MeanM2& batch, const Batch
   half_bits::store(bn.running_var, pt, col, static_cast<float>((1.0 - f) * load(bn.running_var, pt, col) + f * unbiased));
 }
 
-// Column `col`'s map with its shift folded in, z = a' y + c' (ColumnAffine::shift_folded): a' = a and
+// A column's map with its shift folded in, z = a' y + c' (ColumnAffine::shift_folded): a' = a and
 // c' = c - a * shift from the map's floats, in double (exact but for one rounding in the sum), rounded
 // once to float. Against z = a (y - shift) + c it adds at most half an ulp of |c'| to every logit of
 // the column: about what rounding y to fp32 already costs a logit (|a y| 2^-24, y ~ shift), and far
-// below a 16-bit output's rounding. NaN and inf propagate as
-// through the exact map (a NaN or infinite shift, c or y), and so do columns of zero batch variance
-// exactly: y - shift is exactly 0 in every row there, so the exact map gives z = c, which a' = 0 keeps (the
-// fold would put 2^-24 |a shift| on each logit, a being s gamma / sqrt(eps) there). Only a map no
-// float fold can hold gives NaN in the whole column (its rows' softmax NaN), where the exact map's
-// logits are infinite or beyond fp32 in part: a = +-inf, or |c - a shift| > FLT_MAX with everything
-// finite. Both need |scale * gamma| above about 1e26 (a column with variance has |shift| / std at
-// most about 2^24 sqrt(M)).
+// below a 16-bit output's rounding. NaN and inf propagate as through the exact map (a NaN or infinite
+// shift, c or y). Columns of zero batch variance stay exact: y - shift is exactly 0 in every row there,
+// so the exact map gives z = c, which a' = 0 keeps (the fold would put 2^-24 |a shift| on each logit, a
+// being s gamma / sqrt(eps) there). Only a map no float fold can hold gives NaN in the whole column
+// (its rows' softmax NaN), where the exact map's logits are infinite or beyond fp32 in part: a = +-inf,
+// or |c - a shift| > FLT_MAX with everything finite. Both need |scale * gamma| above about 1e26 (a
+// column with variance has |shift| / std at most about 2^24 sqrt(M)).
 struct FoldedMap {
   float a = 0.f, c = 0.f;
 };
