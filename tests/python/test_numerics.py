@@ -73,11 +73,10 @@ def test_constant_columns_and_rows_take_the_eps_path(device, path):
 def test_zero_variance_columns_stay_exact_where_the_shift_is_folded(device, path):
     """For 16-bit outputs the CUDA softmax takes the BatchNorm map as z = a y + (c - a mean) (one
     coefficient fewer to load). For a zero-variance column, a = gamma / sqrt(eps), that fold would put
-    up to 1e-2 on every logit at means near 1000 (half an fp32 ulp of a mean, 3e5), twenty fp16 half-ulps
-    of the output; such columns are
-    folded as a = 0, z = c, exactly. Every row equal: every column has zero variance, so out is
-    softmax(beta) in every row, rounded to fp16. 512 x 4096, which runs the softmax after the GEMM (not
-    the sm90 path's one-kernel form)."""
+    up to 1e-2 on every logit at means near 1000 (half an fp32 ulp of a mean, 3e5), twenty fp16
+    half-ulps of the output; such columns are folded as a = 0, z = c, exactly. Every row equal: every
+    column has zero variance, so out is softmax(beta) in every row, rounded to fp16. 512 x 4096, which
+    runs the softmax after the GEMM (not the sm90 path's one-kernel form)."""
     torch.manual_seed(7)
     m, n, k = 512, 4096, 16
     x = torch.rand(1, k, device=device).expand(m, k).contiguous().half()
