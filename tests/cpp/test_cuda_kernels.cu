@@ -376,6 +376,12 @@ TEST(RowSoftmaxGpu, FoldedShiftAllWidths) {
   for (int64_t N : std::vector<int64_t>{1, 4, 7, 100, 513, 2048, 4097, 8192, 12000, 16388, 40001, 131072, 1 << 20})
     check_softmax<float>(N > 100000 ? 3 : 9, N, 0, ElementType::kFloat32, 2e-6, 0, true);
   check_softmax<__nv_bfloat16>(3000, 8192, 0, ElementType::kBFloat16, 4e-3, 0, true);
+  // Rows enough for the 512 x 4 CTAs to keep a and c in shared memory (CoefSource::kShared), a row
+  // narrower than the layout: the copies bring N columns, the columns beyond are never read.
+  int device = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  check_softmax<__half>(12 * int64_t{sms} + 5, 6004, 0, ElementType::kFloat16, 5e-4, 0, true);
   check_softmax<__half>(700, 4096, 0, ElementType::kFloat16, 5e-4, 0, true);
   check_softmax<__half>(5, 1001, 1, ElementType::kFloat16, 1e-3, 0, true);       // scalar loads and stores
   check_softmax<float>(37, 8190, 2, ElementType::kFloat32, 2e-6, 2, true);       // ragged row ends

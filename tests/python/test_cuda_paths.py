@@ -18,9 +18,11 @@ MODES = {"fp32": (torch.float32, "highest"), "tf32": (torch.float32, "tf32"),
 # sm90 needs K % 8 (16-byte rows) and N % 4; these shapes fit both paths. Partial M tiles, partial N tiles;
 # wide rows (the softmax's clusters of 3 and of 16 CTAs a row at 20000 and 131072 columns); a grid of six
 # 128x128 tiles whose K loop sm90 splits over 4 CTAs in 16-bit modes, 8 in tf32 (200x264x4096); 128 tiles of
-# 64x64 with ragged M, N and K, which sm90 runs as one kernel (1000x508x1000, on a Hopper GPU of 64 to 512 SMs).
+# 64x64 with ragged M, N and K, which sm90 runs as one kernel (1000x508x1000, on a Hopper GPU of 64 to 512 SMs);
+# rows enough for the 16-bit softmax's CTAs to keep their coefficients in shared memory (2000x5000x64, on a GPU
+# of up to 166 SMs).
 SHAPES = [(2, 8, 16), (257, 136, 64), (300, 200, 264), (1000, 1028, 512), (64, 2048, 1024), (300, 20000, 64),
-          (24, 131072, 32), (200, 264, 4096), (1000, 508, 1000)]
+          (24, 131072, 32), (200, 264, 4096), (1000, 508, 1000), (2000, 5000, 64)]
 
 
 def _tol(mode):

@@ -4,7 +4,8 @@
 // accesses. Two kernels hold them:
 //  - staged (sm90, 16-byte aligned rows of N % 4 == 0, N <= 8192): persistent CTAs; one bulk copy
 //    (TMA) brings a CTA's next row of y into shared memory while the CTA reduces, exponentiates and
-//    stores the row it holds in registers, so every SM keeps y's loads in flight between rows;
+//    stores the row it holds in registers, so every SM keeps y's loads in flight between rows; each
+//    column's coefficients come from registers, L1, or shared memory (CoefSource);
 //  - in registers (everything else): one CTA per row, its loads issued at once.
 // Rows of 16385 to 131072 columns (sm90, aligned rows) are split over a thread-block cluster of 3 to
 // 16 CTAs of the staged kernel (its kClustered form), each holding its part as it holds a row, the
@@ -166,6 +167,36 @@ struct RowReduceBuffers {
   float max[32], sum[32];
 };
 
+// Where a staged CTA's per-column coefficients come from, row after row:
+//  - kReloaded: global memory (L1) for every row, 8-12 B a column;
+//  - kResident: registers, loaded once per CTA;
+//  - kShared: shared memory, the folded map's a and c (ColumnAffine::shift_folded) brought in by two bulk
+//    copies once per CTA, beside the row buffer. For 512 x 4 (rows of 4097-8192 columns), whose
+//    coefficients do not fit in registers (82 registers, one CTA per SM), where the CTAs walk enough
+//    rows (shares_coefficients).
+enum class CoefSource { kReloaded, kResident, kShared };
+
+// FUSED_SOFTMAX_SHARED_COEFS=0 keeps kReloaded for the folded map too, for A/B runs (bench/cpp/variants.sh).
+#ifndef FUSED_SOFTMAX_SHARED_COEFS
+#define FUSED_SOFTMAX_SHARED_COEFS 1
+#endif
+
+// Whether a staged layout that can take its folded coefficients from shared memory does so for M rows:
+// each CTA's 64 KiB copy of them pays once it walks about six rows or more (two CTAs per SM). H200,
+// 512 x 4, bf16 out, folded, kShared against kReloaded (bench_row_softmax, us): 1024x8192 21.0 against
+// 18.8, 1024x6000 17.9 against 14.7, 2048x8192 level (35.3), 4096x8192 59.7 against 61.2, 16384x8192
+// 202.6 against 212.6.
+bool shares_coefficients(int64_t M) {
+  int sms = 0;
+  return FUSED_SOFTMAX_SHARED_COEFS && util::sm_count(util::detail::current_device(), sms).ok() &&
+         M >= 12 * int64_t{sms};
+}
+
+// Dynamic shared memory of a staged kernel: kShared's a and c.
+constexpr int shared_coef_bytes(int threads, int vecs, CoefSource coefs) {
+  return coefs == CoefSource::kShared ? 2 * threads * vecs * 16 : 0;
+}
+
 // The second half of a row held in registers (kVecs float4 per thread from column col0, this thread's
 // max so far): the row max and sum over the CTA (and `across` the CTAs sharing the row), the
 // log-normaliser, and out. Columns >= N hold -inf.
@@ -267,8 +298,7 @@ struct AcrossCluster {
 // Persistent CTAs walking rows; each row of y arrives in shared memory by one bulk copy, issued as soon
 // as the previous row has moved into registers. sm90 only; rows 16-byte aligned, N % 4 == 0 (whole
 // float4, bulk-copy sizes).
-// kResident: each thread loads its columns' coefficients once and keeps them in registers across rows
-// instead of reloading them (12 B a column) for every row.
+// kCoefs: where the per-column coefficients come from, row after row (CoefSource).
 // kClustered: rows wider than one CTA holds are split over a thread-block cluster of
 // ceil(N / (kThreads * 4 * kVecs)) CTAs, CTA r holding columns [r * kThreads * 4 * kVecs, ...) of each
 // row; persistent clusters walk rows cluster, + clusters, ...; the row's max and sum cross the cluster
@@ -277,17 +307,22 @@ struct AcrossCluster {
 // streaming kernel's 464 and an fp32 copy of y's 256). With one CTA a cluster it gives the unclustered
 // kernel's bits. Otherwise (one CTA a row) N <= kThreads * kVecs * 4, and CTAs walk rows blockIdx.x,
 // + gridDim.x, ...
-// Two CTAs per SM where the coefficients are reloaded per row (kResident false): the compiler otherwise
-// took 78 registers for 512 x 4 with fp32 out (the row loop specialised for ColumnAffine::shift_folded),
-// one CTA per SM. (0: no minimum, which the resident layouts keep; a minimum of 1 raised theirs.)
-template <int kThreads, int kVecs, bool kResident, class TOut, bool kClustered = false>
-__global__ void __launch_bounds__(kThreads, kResident ? 0 : 2)
+// Two CTAs per SM where the coefficients are not resident: the compiler otherwise took 78 registers
+// for 512 x 4 with fp32 out (the row loop specialised for ColumnAffine::shift_folded), one CTA per SM.
+// (0: no minimum, which the resident layouts keep; a minimum of 1 raised theirs.)
+template <int kThreads, int kVecs, CoefSource kCoefs, class TOut, bool kClustered = false>
+__global__ void __launch_bounds__(kThreads, kCoefs == CoefSource::kResident ? 0 : 2)
     softmax_rows_staged(const float* __restrict__ y, int64_t ldy, int64_t M, int64_t N, ColumnAffine f,
                         TOut* __restrict__ out, int64_t ldo, float* __restrict__ row_lse, int64_t* batch_counter) {
+  constexpr bool kResident = kCoefs == CoefSource::kResident;
+  constexpr bool kShared = kCoefs == CoefSource::kShared;
   static_assert(kResident || !kClustered, "a cluster's CTAs keep their columns' coefficients");
   constexpr int64_t kColumns = int64_t{kThreads} * 4 * kVecs;
   __shared__ alignas(16) float4 row_buffer[kThreads * kVecs];
   __shared__ alignas(8) uint64_t row_landed;
+  // kShared: the folded map's a, then c, kThreads * kVecs float4 each (shared_coef_bytes)
+  extern __shared__ float4 shared_coefs[];
+  __shared__ alignas(8) uint64_t coefs_landed;
   __shared__ RowReduceBuffers smem;
   float* exchange_slots = nullptr;
   uint64_t* exchange_bars = nullptr;
@@ -306,6 +341,7 @@ __global__ void __launch_bounds__(kThreads, kResident ? 0 : 2)
   const uint32_t part_bytes = static_cast<uint32_t>(kClustered ? std::min(kColumns, N - col0) : N) * 4u;
   if (threadIdx.x == 0) {
     util::mbarrier_init(&row_landed, 1);
+    if constexpr (kShared) util::mbarrier_init(&coefs_landed, 2);  // two bulk copies
     if constexpr (kClustered) {
 #pragma unroll
       for (int b = 0; b < 4; ++b) util::mbarrier_init(&exchange_bars[b], 1);
@@ -330,6 +366,13 @@ __global__ void __launch_bounds__(kThreads, kResident ? 0 : 2)
       if (col < N) resident[v] = load_coefs<true>(f, col, N);
     }
   }
+  if constexpr (kShared) {
+    if (threadIdx.x == 0) {
+      util::bulk_load(shared_coefs, f.a, part_bytes, &coefs_landed);
+      util::bulk_load(shared_coefs + kThreads * kVecs, f.c, part_bytes, &coefs_landed);
+    }
+    util::mbarrier_wait(&coefs_landed, 0);
+  }
   uint32_t rows_done = 0;  // by this CTA (the cluster exchange's slot parity)
   for (uint32_t phase = 0; row < M; row += row_step, phase ^= 1u, ++rows_done) {
     util::mbarrier_wait(&row_landed, phase);
@@ -342,6 +385,10 @@ __global__ void __launch_bounds__(kThreads, kResident ? 0 : 2)
         z[v] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
       } else if constexpr (kResident) {
         z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], resident[v]);
+      } else if constexpr (kShared) {
+        const int i = v * kThreads + threadIdx.x;
+        z[v] = logits4(row_buffer[i], Coefs4{make_float4(0.f, 0.f, 0.f, 0.f), shared_coefs[i],
+                                             shared_coefs[kThreads * kVecs + i]});
       } else {
         z[v] = logits4(row_buffer[v * kThreads + threadIdx.x], load_coefs<true>(f, col, N));
       }
@@ -396,35 +443,48 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The layouts built: (threads, float4 per thread), and for the staged kernel whether the coefficients
-// stay in registers. row_softmax_layout() picks among them. Resident coefficients measured on the
-// H200 (bench_row_softmax, bf16 out, y as the GEMM leaves it): 256x4 at N = 4096, 8-9 % faster
-// (1024 rows 11.6 -> 10.6 us, 4096 rows 34.8 -> 31.5); 256x2 at N = 2048, 3-9 %; 128x1 level; 512x4
-// slower from 2048 rows (82 registers: one CTA per SM), so there the coefficients come from L1.
+// The layouts built: (threads, float4 per thread), and for the staged kernel where the coefficients
+// come from with the exact map and with the folded one (given enough rows: shares_coefficients).
+// row_softmax_layout() picks among them. Resident coefficients measured on the H200 (bench_row_softmax,
+// bf16 out, y as the GEMM leaves it): 256x4 at N = 4096, 8-9 % faster (1024 rows 11.6 -> 10.6 us, 4096
+// rows 34.8 -> 31.5); 256x2 at N = 2048, 3-9 %; 128x1 level; 512x4 slower from 2048 rows (82 registers:
+// one CTA per SM), so there the coefficients come from L1, or shared memory.
 #define FUSED_SOFTMAX_LAYOUTS(X) X(128, 1) X(256, 2) X(256, 4) X(512, 4) X(512, 8) X(1024, 8)
-#define FUSED_SOFTMAX_STAGED_LAYOUTS(X) X(128, 1, false) X(256, 2, true) X(256, 4, true) X(512, 4, false)
+#define FUSED_SOFTMAX_STAGED_LAYOUTS(X)                                                  \
+  X(128, 1, CoefSource::kReloaded, CoefSource::kReloaded)                                \
+  X(256, 2, CoefSource::kResident, CoefSource::kResident)                                \
+  X(256, 4, CoefSource::kResident, CoefSource::kResident)                                \
+  X(512, 4, CoefSource::kReloaded, CoefSource::kShared)
 #define FUSED_SOFTMAX_CLUSTERED_LAYOUTS(X) X(512, 4)
 
 // CTAs of a staged kernel resident per SM (for its persistent grid), cached per device; 0 on failure.
 // The first call per device also sets the kernel's shared-memory carveout where one is chosen (below),
 // so the occupancy it answers is the one the launches get.
-template <int kThreads, int kVecs, bool kResident, class TOut>
+template <int kThreads, int kVecs, CoefSource kCoefs, class TOut>
 int staged_ctas_per_sm(int device) {
   return util::detail::cached_per_device(device, [](int) {
     int ctas = 0;
-    auto kernel = softmax_rows_staged<kThreads, kVecs, kResident, TOut>;
+    auto kernel = softmax_rows_staged<kThreads, kVecs, kCoefs, TOut>;
+    constexpr int kDynamicBytes = shared_coef_bytes(kThreads, kVecs, kCoefs);
     // 512 x 4 with 16-bit out: a small shared-memory carveout (40 % of 228 KiB asks for 91 KiB, which
     // the H200 rounds up to its 100 KiB configuration: two CTAs' 33 KiB row buffers, the register
     // limit) leaves 156 KiB of L1 to the coefficients every row re-reads (96 KiB at N = 8192). ncu at
     // 4096x8192: L1 hit rate 73 -> 80 %; with row_exp's __expf the op 1.5 % faster at the bf16
     // headline. fp32 out was slower with it (4096x8192: 79.7 against 78.5 us) and keeps the default.
-    if constexpr (kThreads == 512 && !kResident && sizeof(TOut) == 2) {
+    // kShared: two CTAs' 97 KiB need the largest shared-memory configuration.
+    if constexpr (kCoefs == CoefSource::kShared) {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicBytes) != cudaSuccess ||
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+      }
+    } else if constexpr (kThreads == 512 && kCoefs == CoefSource::kReloaded && sizeof(TOut) == 2) {
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 40) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
       }
     }
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, 0) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, kDynamicBytes) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
@@ -437,13 +497,13 @@ int staged_ctas_per_sm(int device) {
 // (H200, 512x4 at N = 8192, bf16 out, against the same layout unstaged: 18 % faster at M = 1024,
 // 29-32 % from M = 4096, 29 % slower at M = 256, under one row per CTA, where only the mbarrier
 // round trip is added).
-template <int kThreads, int kVecs, bool kResident, class TOut>
+template <int kThreads, int kVecs, CoefSource kCoefs, class TOut>
 Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
                      TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
   const int device = util::detail::current_device();
   int sms = 0;
   FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
-  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, kResident, TOut>(device);
+  const int per_sm = staged_ctas_per_sm<kThreads, kVecs, kCoefs, TOut>(device);
   if (per_sm <= 0) return {StatusCode::kCudaError, "row_softmax: occupancy query or carveout failed"};
   const int64_t resident = int64_t{sms} * per_sm;
   if (only_if_worth_it && M < resident)
@@ -451,8 +511,9 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
                                   dim3(static_cast<unsigned>(M)), kThreads, 0, stream, "row_softmax kernel launch", y,
                                   ldy, N, f, out, ldo, row_lse, counter);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(M, resident)));
-  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kResident, TOut>, grid, kThreads, 0, stream,
-                                "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
+  return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kCoefs, TOut>, grid, kThreads,
+                                shared_coef_bytes(kThreads, kVecs, kCoefs), stream, "row_softmax kernel launch", y,
+                                ldy, M, N, f, out, ldo, row_lse, counter);
 }
 
 // Clusters of `ctas` CTAs of the clustered staged kernel resident at once on `device`
@@ -465,7 +526,7 @@ int resident_clusters(int device, unsigned ctas) {
   if (device < 0 || device >= util::kMaxCachedDevices || ctas == 0 || ctas > kMaxSoftmaxClusterCtas) return 0;
   std::atomic<int>& cached = cache[device][ctas];  // 0: not asked yet, -1: none
   if (const int v = cached.load(std::memory_order_relaxed); v != 0) return v > 0 ? v : 0;
-  auto kernel = softmax_rows_staged<kThreads, kVecs, true, TOut, /*kClustered=*/true>;
+  auto kernel = softmax_rows_staged<kThreads, kVecs, CoefSource::kResident, TOut, /*kClustered=*/true>;
   if (ctas > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
@@ -502,7 +563,8 @@ Status launch_clustered(const float* y, int64_t ldy, int64_t M, int64_t N, const
   if (clusters <= 0)
     return {StatusCode::kNotSupported, "row_softmax: no thread-block cluster of the CTAs a row needs fits the device"};
   const dim3 grid(static_cast<unsigned>(ctas * std::min<int64_t>(M, clusters)));
-  return util::launch_dependent_in_clusters(softmax_rows_staged<kThreads, kVecs, true, TOut, /*kClustered=*/true>,
+  return util::launch_dependent_in_clusters(softmax_rows_staged<kThreads, kVecs, CoefSource::kResident, TOut,
+                                                                /*kClustered=*/true>,
                                             grid, kThreads, static_cast<unsigned>(ctas), 0, stream,
                                             "row_softmax kernel launch", y, ldy, M, N, f, out, ldo, row_lse, counter);
 }
@@ -526,9 +588,13 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
   }
   if (l.staged) {
     if constexpr (kVec) {
-#define FUSED_SOFTMAX_STAGED_CASE(T, V, R)              \
-  if (l.threads == T && l.vecs == V)                    \
-    return launch_staged<T, V, R>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);
+#define FUSED_SOFTMAX_STAGED_CASE(T, V, R, RF)                                                           \
+  if (l.threads == T && l.vecs == V) {                                                                   \
+    if constexpr (RF != R && sizeof(TOut) == 2) /* only 16-bit outputs fold (folds_logit_shift) */       \
+      if (f.shift_folded && shares_coefficients(M))                                                      \
+        return launch_staged<T, V, RF>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream); \
+    return launch_staged<T, V, R>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);     \
+  }
       FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_STAGED_CASE)
 #undef FUSED_SOFTMAX_STAGED_CASE
     }
@@ -629,7 +695,7 @@ std::vector<SoftmaxLayout> row_softmax_built_layouts() {
 #define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, false});
   FUSED_SOFTMAX_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
-#define FUSED_SOFTMAX_LIST(T, V, R) layouts.push_back({T, V, true});
+#define FUSED_SOFTMAX_LIST(T, V, R, RF) layouts.push_back({T, V, true});
   FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_LIST)
 #undef FUSED_SOFTMAX_LIST
 #define FUSED_SOFTMAX_LIST(T, V) layouts.push_back({T, V, true, true});
