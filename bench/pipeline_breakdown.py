@@ -61,13 +61,23 @@ def kernel_group(name):
     return name[:40]
 
 
+MODES = ("bf16", "tf32", "3xtf32")
+
+
 def parse_case(case):
-    """"mode:MxNxK" (mode bf16 or tf32) -> (mode, m, n, k); ValueError otherwise."""
+    """"mode:MxNxK" (mode one of MODES) -> (mode, m, n, k); ValueError otherwise."""
     mode, _, size = case.partition(":")
     dims = size.split("x")
-    if mode not in ("bf16", "tf32") or len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-        raise ValueError(f"case {case!r}: expected bf16:MxNxK or tf32:MxNxK")
+    if mode not in MODES or len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise ValueError(f"case {case!r}: expected bf16:MxNxK, tf32:MxNxK or 3xtf32:MxNxK")
     return (mode, *(int(d) for d in dims))
+
+
+def mode_module(mode, k, n):
+    """The fused module of a case's mode (bf16 weights for bf16, fp32 otherwise) on the GPU, and its dtype."""
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    precision = mode if mode in ("tf32", "3xtf32") else None
+    return gbs.FusedGemmBNSoftmax(k, n, precision=precision).cuda().to(dtype), dtype
 
 
 def critical_path(kernels, replays, calls_per_replay=CALLS):
@@ -130,7 +140,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--cases", nargs="+", default=["bf16:1024x8192x8192", "tf32:1024x8192x8192",
                                                    "bf16:4096x8192x8192"],
-                   help="mode:MxNxK, mode bf16 or tf32")
+                   help="mode:MxNxK, mode bf16, tf32 or 3xtf32")
     p.add_argument("--copy-reference", action="store_true",
                    help="also time a copy of y into the output's dtype (the softmax's bytes)")
     p.add_argument("--gemm-reference", action="store_true",
@@ -145,9 +155,8 @@ def main():
         p.error(str(e))
     for mode, m, n, k in cases:
         size = f"{m}x{n}x{k}"
-        dtype = torch.bfloat16 if mode == "bf16" else torch.float32
         torch.manual_seed(0)
-        mod = gbs.FusedGemmBNSoftmax(k, n, precision="tf32" if mode == "tf32" else None).cuda().to(dtype)
+        mod, dtype = mode_module(mode, k, n)
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         bn = mod.bn
         per_path = {}  # path -> (µs per call, kernel µs per group)

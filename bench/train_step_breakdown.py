@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_forward  # noqa: E402  (its CUDA-graph capture and CUDA-event timer)
 import pipeline_breakdown  # noqa: E402  (parse_case, critical_path)
-import gemm_bn_softmax as gbs  # noqa: E402
 
 # The backward's kernels by the names their sources give them; other kernels keep a short name.
 BACKWARD_KERNELS = ("row_dot", "grad_partials", "column_finalize", "dy_kernel")
@@ -36,7 +35,7 @@ def step_group(name):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", nargs="+", default=["bf16:1024x8192x8192"], help="mode:MxNxK, mode bf16 or tf32")
+    p.add_argument("--cases", nargs="+", default=["bf16:1024x8192x8192"], help="mode:MxNxK, mode bf16, tf32 or 3xtf32")
     p.add_argument("--replays", type=int, default=50, help="timed replays of the step's graph")
     a = p.parse_args()
     try:
@@ -45,9 +44,8 @@ def main():
         p.error(str(e))
     from torch.profiler import ProfilerActivity, profile
     for mode, m, n, k in cases:
-        dtype = torch.bfloat16 if mode == "bf16" else torch.float32
         torch.manual_seed(0)
-        mod = gbs.FusedGemmBNSoftmax(k, n, precision="tf32" if mode == "tf32" else None).cuda().to(dtype)
+        mod, dtype = pipeline_breakdown.mode_module(mode, k, n)
         x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
         g = torch.randn(m, n, device="cuda", dtype=dtype)
 

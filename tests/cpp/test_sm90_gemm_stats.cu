@@ -521,13 +521,14 @@ TEST(Sm90Gemm3xTf32, AsAccurateAsExactFp32) {
   }
 }
 
-// 3xTF32 keeps fp32's special values: a row of x or W holding inf, -inf, NaN (one with payload bits
-// only below TF32's, which TF32 alone reads as inf), subnormals and TF32-exact values gives inf,
-// NaN, or a finite value where a float64 sum of the same products does (inf * 0 = NaN, inf - inf =
-// NaN), and the finite ones stay accurate.
-TEST(Sm90Gemm3xTf32, SpecialValuesAsInFp32) {
-  SKIP_UNLESS_SM90();
-  const int64_t M = 128, N = 128, K = 64;
+// 3xTF32 keeps fp32's special values: rows of x and W holding inf, -inf, NaN (one with payload bits
+// only below TF32's, which TF32 alone reads as inf), subnormals and TF32-exact values give inf, NaN,
+// or a finite value where a float64 sum of the same products does (inf * 0 = NaN, inf - inf = NaN),
+// and the finite ones stay accurate. `spread`: one special every 37th row of x and every 41st of W,
+// at columns that reach every k-tile, so that a grid of more tiles than SMs meets them in every tile
+// of a CTA, at every position of the mainloop's ring of B's parts (K = 160: 5 k-tiles a tile).
+void check_3xtf32_special_values(int64_t M, int64_t N, int64_t K, bool spread) {
+  SCOPED_TRACE(::testing::Message() << M << "x" << N << "x" << K);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> x(M * K), w(N * K);
@@ -537,9 +538,14 @@ TEST(Sm90Gemm3xTf32, SpecialValuesAsInFp32) {
   const float low_payload_nan = fused::half_bits::bits_float(0x7f800001u);
   const float specials[] = {inf, -inf, std::numeric_limits<float>::quiet_NaN(), low_payload_nan, 0.0f, -0.0f,
                             1e-40f, -3e-42f, 1.5f, 3.0f};
-  for (int64_t i = 0; i < 40; ++i) x[i * K + (i % K)] = specials[i % 10];           // rows 0..39 of x
-  for (int64_t j = 0; j < 40; ++j) w[j * K + ((j * 7) % K)] = specials[(j + 3) % 10];  // rows 0..39 of W
-  for (int64_t k = 0; k < K; ++k) x[50 * K + k] = std::ldexp(1.0f, -k);             // TF32-exact row
+  if (spread) {
+    for (int64_t i = 0; i < M; i += 37) x[i * K + (i * 13) % K] = specials[(i / 37) % 10];
+    for (int64_t j = 0; j < N; j += 41) w[j * K + (j * 7) % K] = specials[(j / 41 + 3) % 10];
+  } else {
+    for (int64_t i = 0; i < 40; ++i) x[i * K + (i % K)] = specials[i % 10];           // rows 0..39 of x
+    for (int64_t j = 0; j < 40; ++j) w[j * K + ((j * 7) % K)] = specials[(j + 3) % 10];  // rows 0..39 of W
+  }
+  for (int64_t k = 0; k < K; ++k) x[50 * K + k] = std::ldexp(1.0f, -int(k % 64));  // a TF32-exact row
   DeviceBuffer<float> dx(x.size()), dw(w.size()), dy(M * N);
   CUDA_OK(cudaMemcpy(dx.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(dw.ptr, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
@@ -557,9 +563,9 @@ TEST(Sm90Gemm3xTf32, SpecialValuesAsInFp32) {
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
   CUDA_OK(cudaMemcpy(y.data(), dy.ptr, y.size() * 4, cudaMemcpyDeviceToHost));
-  int non_finite = 0;
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) {
+  int64_t non_finite = 0, failures = 0;
+  for (int64_t i = 0; i < M && failures < 10; ++i)
+    for (int64_t j = 0; j < N && failures < 10; ++j) {
       double acc = 0, scale = 0;
       for (int64_t k = 0; k < K; ++k) {
         const double p = double(x[i * K + k]) * double(w[j * K + k]);
@@ -567,18 +573,28 @@ TEST(Sm90Gemm3xTf32, SpecialValuesAsInFp32) {
         if (std::isfinite(p)) scale += std::fabs(p);
       }
       const float got = y[i * N + j];
-      SCOPED_TRACE(::testing::Message() << "y[" << i << ", " << j << "] = " << got << ", float64 " << acc);
+      bool ok;
       if (std::isnan(acc)) {
         ++non_finite;
-        EXPECT_TRUE(std::isnan(got));
+        ok = std::isnan(got);
       } else if (std::isinf(acc)) {
         ++non_finite;
-        EXPECT_EQ(got, float(acc));
+        ok = got == float(acc);
       } else {
-        EXPECT_NEAR(got, acc, 1e-6 * scale + 1e-37);
+        ok = std::fabs(double(got) - acc) <= 1e-6 * scale + 1e-37;
+      }
+      if (!ok) {
+        ++failures;
+        ADD_FAILURE() << "y[" << i << ", " << j << "] = " << got << ", float64 " << acc;
       }
     }
-  EXPECT_GT(non_finite, 100);  // the specials did reach many outputs
+  EXPECT_GT(non_finite, spread ? M * N / 100 : 100);  // the specials did reach many outputs
+}
+
+TEST(Sm90Gemm3xTf32, SpecialValuesAsInFp32) {
+  SKIP_UNLESS_SM90();
+  check_3xtf32_special_values(128, 128, 64, false);
+  check_3xtf32_special_values(2048, 2048, 160, true);  // 256 tiles: two per CTA on most SMs
 }
 
 // The tile rule (no GPU needed): split K where the 128x128 grid fills at most half the SMs and K has

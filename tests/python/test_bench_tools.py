@@ -403,7 +403,7 @@ def test_pipeline_breakdown_groups_the_forward_kernels():
     assert run.returncode == 0 and "FUSED_DISABLE_PDL" in run.stdout
     run = subprocess.run([sys.executable, os.path.join(BENCH, "pipeline_breakdown.py"), "--cases", "fp16:8x8x8"],
                          capture_output=True, text=True)
-    assert run.returncode == 2 and "expected bf16:MxNxK or tf32:MxNxK" in run.stderr
+    assert run.returncode == 2 and "expected bf16:MxNxK, tf32:MxNxK or 3xtf32:MxNxK" in run.stderr
 
 
 def test_pipeline_critical_path_charges_each_interval_once():
@@ -438,8 +438,9 @@ def test_train_step_breakdown_cases_and_lines():
     # the case rule is pipeline_breakdown's, shared by both scripts
     assert pipeline_breakdown.parse_case("bf16:1024x8192x8192") == ("bf16", 1024, 8192, 8192)
     assert pipeline_breakdown.parse_case("tf32:8x16x32") == ("tf32", 8, 16, 32)
-    for bad in ("fp16:8x8x8", "bf16:8x8", "bf16:0x8x8", "bf16:8xax8"):
-        with pytest.raises(ValueError, match="expected bf16:MxNxK or tf32:MxNxK"):
+    assert pipeline_breakdown.parse_case("3xtf32:8x16x32") == ("3xtf32", 8, 16, 32)
+    for bad in ("fp16:8x8x8", "bf16:8x8", "bf16:0x8x8", "bf16:8xax8", "fp32:8x8x8"):
+        with pytest.raises(ValueError, match="expected bf16:MxNxK, tf32:MxNxK or 3xtf32:MxNxK"):
             pipeline_breakdown.parse_case(bad)
     # the backward's kernel names as torch.profiler reports them
     name = "void fused::cuda::backward_steps::(anonymous namespace)::dy_kernel<true, __nv_bfloat16, __nv_bfloat16>(...)"
@@ -453,7 +454,7 @@ def test_train_step_breakdown_cases_and_lines():
     assert own == {"a": 5.0, "b": 3.0} and gap == 1.0 and span == 9.0
     run = subprocess.run([sys.executable, os.path.join(BENCH, "train_step_breakdown.py"), "--cases", "fp16:8x8x8"],
                          capture_output=True, text=True)
-    assert run.returncode == 2 and "expected bf16:MxNxK or tf32:MxNxK" in run.stderr
+    assert run.returncode == 2 and "expected bf16:MxNxK, tf32:MxNxK or 3xtf32:MxNxK" in run.stderr
 
 
 # A stand-in for bench/pipeline_breakdown.py: prints op lines whose values depend on AB_OP (the

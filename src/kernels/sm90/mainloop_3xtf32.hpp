@@ -51,15 +51,35 @@
 
 #include "fused/detail/tf32_split.h"
 
+// How the two consumer warpgroups hand each other B's parts (the header's comment, "Per k-tile"):
+//   0: a named barrier of all 256 MMA threads every k-tile (two ring slots);
+//   1: an mbarrier per ring slot that each thread arrives on once its share is written, waited on
+//      only before the products that read it (three ring slots), so one warpgroup may run up to a
+//      k-tile ahead of the other instead of meeting it every k-tile.
+#ifndef FUSED_3XTF32_DECOUPLED
+#define FUSED_3XTF32_DECOUPLED 1
+#endif
+// A/B probe: 0 reads a K-major A's raw words with 32-bit loads instead of ldmatrix.
+#ifndef FUSED_3XTF32_A_LDMATRIX
+#define FUSED_3XTF32_A_LDMATRIX 1
+#endif
+
 namespace fused::sm90::detail {
 
 using namespace cute;
 
-// The rings of B's parts: two stages of B each, one ring (small parts) for a K-major B, two (big and
-// small parts) for an MN-major B (Mainloop3xTf32 asserts its storage is this size).
+constexpr bool kDecoupled3xTf32 = FUSED_3XTF32_DECOUPLED != 0;
+// Slots of B's rings: with the named barrier, slot t % 2 is free again once both warpgroups passed
+// k-tile t - 1's barrier; without it a warpgroup may be a k-tile behind, so a third slot.
+constexpr int kRingSlots3xTf32 = kDecoupled3xTf32 ? 3 : 2;
+// The decoupled hand-over's mbarriers and special-value stamps, one each per slot.
+constexpr int kRingSyncBytes3xTf32 = kDecoupled3xTf32 ? 64 : 0;
+
+// The rings of B's parts: kRingSlots3xTf32 stages of B each, one ring (small parts) for a K-major B,
+// two (big and small parts) for an MN-major B (Mainloop3xTf32 asserts its storage is this size).
 template <class TileShape, int kRings>
 constexpr int ring_bytes_3xtf32() {
-  return kRings * 2 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
+  return kRings * kRingSlots3xTf32 * int(size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
 }
 
 // What one sm90 CTA may use (227 KiB).
@@ -74,7 +94,8 @@ template <class TileShape, int kEpilogueBytes, int kRings>
 constexpr int stages_3xtf32() {
   constexpr int stage_bytes = int(size<0>(TileShape{}) + size<1>(TileShape{})) * int(size<2>(TileShape{})) * 4;
   constexpr int stages =
-      (kSm90SharedMemoryBytes - kEpilogueBytes - ring_bytes_3xtf32<TileShape, kRings>() - 256) / (stage_bytes + 16);
+      (kSm90SharedMemoryBytes - kEpilogueBytes - ring_bytes_3xtf32<TileShape, kRings>() - kRingSyncBytes3xTf32 - 256) /
+      (stage_bytes + 16);
   static_assert(stages >= 3, "too little shared memory for a pipeline");
   return stages;
 }
@@ -110,7 +131,7 @@ struct Mainloop3xTf32 : Base {
   // matrices), instead of four 32-bit loads per thread: 4-5 % faster at the headline, the same bits.
   // An MN-major A (the backward's row-major kernel) has no 32-bit transposing ldmatrix, and takes
   // 32-bit loads.
-  using SmemCopyAtomA = std::conditional_t<cutlass::gemm::detail::is_k_major_A<typename Base::StrideA>(),
+  using SmemCopyAtomA = std::conditional_t<FUSED_3XTF32_A_LDMATRIX && cutlass::gemm::detail::is_k_major_A<typename Base::StrideA>(),
                                            Copy_Atom<SM75_U32x4_LDSM_N, float>, Copy_Atom<AutoVectorizingCopy, float>>;
 
   // An MN-major B is transposed into K-major rings by the consumers (the header's comment).
@@ -120,7 +141,7 @@ struct Mainloop3xTf32 : Base {
   // B's parts: rings of kRingSlots stages each, K-major. For a K-major B they are laid out as a
   // pipeline stage of B, so element i of the stage and of a slot are the same (n, k); the small parts'
   // ring comes first, then (MN-major B) the big parts'.
-  static constexpr int kRingSlots = 2;
+  static constexpr int kRingSlots = kRingSlots3xTf32;
   using RingAtomB = std::conditional_t<kTransposeB, GMMA::Layout_K_SW128_Atom<tfloat32_t>, SmemLayoutAtomB>;
   using SmemLayoutStageB = decltype(tile_to_shape(SmemLayoutAtomB{}, make_shape(shape<1>(TileShape{}), shape<2>(TileShape{}))));
   using SmemLayoutRingB = decltype(tile_to_shape(
@@ -143,6 +164,11 @@ struct Mainloop3xTf32 : Base {
       // [small parts' ring | big parts' ring (MN-major B only)]
       alignas(1024) cute::array_aligned<typename TiledMma::ValTypeB, kStageElementsB * kRingSlots * kRings, 1024>
           smem_B_rings;
+      // Decoupled hand-over only: per slot, an mbarrier every MMA thread arrives on once its share of
+      // the slot is written, and the ring k-tile number of the last use whose tiles held a special
+      // value (inf, NaN, or an A word whose rounding reaches inf).
+      alignas(8) uint64_t ring_written[kDecoupled3xTf32 ? kRingSlots : 1];
+      uint32_t ring_special[kDecoupled3xTf32 ? kRingSlots : 1];
     } tensors;
     using PipelineStorage = typename Base::PipelineStorage;
     PipelineStorage pipeline;
@@ -262,6 +288,12 @@ struct Mainloop3xTf32 : Base {
     }
   }
 
+  // The smallest magnitude (fp32 bits without the sign) that round_nearest_away_bits takes to inf.
+  static constexpr uint32_t kFirstWordRoundingToInf = tf32::kExponentMask - (1u << (tf32::kDroppedBits - 1));
+
+  // Decoupled hand-over: this CTA's k-tiles so far, over all its tiles (the ring's position).
+  uint32_t ring_k_tiles_ = 0;
+
   static constexpr uint32_t kBarrier = static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::TransformBarrier);
 
   CUTLASS_DEVICE static void sync_mma_threads() { cutlass::arch::NamedBarrier::sync(kMmaThreads, kBarrier); }
@@ -290,14 +322,14 @@ struct Mainloop3xTf32 : Base {
     Tensor sA = as_position_independent_swizzle_tensor(
         make_tensor(make_smem_ptr(reinterpret_cast<float*>(shared_tensors.smem_A.data())), SmemLayoutA{}));  // (BLK_M,BLK_K,PIPE)
     // What the wgmma read as B's big parts: the stage itself (K-major B), or the big parts' ring.
-    auto ring = shared_tensors.smem_B_rings.data();
+    auto ring_data = shared_tensors.smem_B_rings.data();
     Tensor sB_big = [&]() {
       if constexpr (kTransposeB)
-        return make_tensor(make_smem_ptr(ring + kStageElementsB * kRingSlots), SmemLayoutRingB{});  // (..,SLOT)
+        return make_tensor(make_smem_ptr(ring_data + kStageElementsB * kRingSlots), SmemLayoutRingB{});  // (..,SLOT)
       else
         return make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
     }();
-    Tensor sB_small = make_tensor(make_smem_ptr(ring), SmemLayoutRingB{});  // (BLK_N,BLK_K,SLOT)
+    Tensor sB_small = make_tensor(make_smem_ptr(ring_data), SmemLayoutRingB{});  // (BLK_N,BLK_K,SLOT)
 
     TiledMmaRegisterA tiled_mma;
     auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
@@ -328,66 +360,13 @@ struct Mainloop3xTf32 : Base {
     PipelineState smem_pipe_release = smem_pipe_read;
     const TransposeOffsets transpose = transpose_offsets(thread_idx);  // used for an MN-major B only
 
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
-      auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
-      pipeline.consumer_wait(smem_pipe_read, barrier_token);
-      const int read_stage = smem_pipe_read.index();
-      const int slot = k_tile % kRingSlots;
-
-      // While k-tile t - 1's products run: A's raw words into registers (not the ones they read) and
-      // this thread's share of B's parts into slot t % 2 of the rings, last read by k-tile t - 2's
-      // products, which both warpgroups saw complete before the previous iteration's barrier.
-      copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
-      float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
-      float* small_b = reinterpret_cast<float*>(ring) + slot * kStageElementsB;
-      float* big_b = reinterpret_cast<float*>(ring) + (kRingSlots + slot) * kStageElementsB;  // MN-major B only
-      float probe;
-      if constexpr (kTransposeB)
-        probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
-      else
-        probe = write_small_parts_fast(raw_b, small_b, thread_idx);
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-
-      warpgroup_wait<0>();
-      if (k_tile > 0) {
-        promote();
-        pipeline.consumer_release(smem_pipe_release);
-        ++smem_pipe_release;
-      }
-      warpgroup_fence_operand(tCrA_big);
-      warpgroup_fence_operand(tCrA_small);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(a_raw); ++i) {
-        // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
-        const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
-        const float rest = tCrA_raw(i) - __uint_as_float(big);
-        probe = __fmaf_rn(rest, 0.0f, probe);
-        a_big(i) = big;
-        a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(rest));
-      }
-      if (sync_mma_threads_or(probe != probe)) {
-        // inf or NaN in this k-tile (uniform across the CTA): every thread redoes its A registers and
-        // its share of B with the exact split, whose small parts keep fp32's inf and NaN products.
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(a_raw); ++i) {
-          a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
-          a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
-        }
-        if constexpr (kTransposeB)
-          write_parts_transposed_exact(raw_b, big_b, small_b, transpose);
-        else
-          write_small_parts_exact(raw_b, small_b, thread_idx);
-        cutlass::arch::fence_view_async_shared();
-        sync_mma_threads();
-      }
-
+    // The products of one k-tile from the current registers and ring slot into partial.
+    auto issue_products = [&](int big_index, int slot) {
       warpgroup_fence_operand(tCrA_big);
       warpgroup_fence_operand(tCrA_small);
       warpgroup_fence_operand(partial);
       warpgroup_arrive();
       tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      const int big_index = kTransposeB ? slot : read_stage;
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block) {
         cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
@@ -401,11 +380,150 @@ struct Mainloop3xTf32 : Base {
       warpgroup_fence_operand(partial);
       warpgroup_fence_operand(tCrA_big);
       warpgroup_fence_operand(tCrA_small);
-      ++smem_pipe_read;
+    };
+
+    if constexpr (kDecoupled3xTf32) {
+      uint64_t* written = shared_tensors.ring_written;
+      volatile uint32_t* special = shared_tensors.ring_special;
+      if (ring_k_tiles_ == 0) {  // this CTA's first tile: set up the hand-over's barriers
+        if (thread_idx == 0) {
+          for (int s = 0; s < kRingSlots; ++s) {
+            cutlass::arch::ClusterBarrier::init(&written[s], kMmaThreads);
+            special[s] = 0xffffffffu;  // no ring k-tile has this number
+          }
+          cutlass::arch::fence_barrier_init();
+        }
+        sync_mma_threads();
+      }
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
+        auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
+        pipeline.consumer_wait(smem_pipe_read, barrier_token);
+        const int read_stage = smem_pipe_read.index();
+        // Ring k-tiles count on across this CTA's tiles, so a slot's uses and stamps never repeat.
+        const uint32_t ring = ring_k_tiles_;
+        const int slot = int(ring % kRingSlots);
+
+        // While k-tile t - 1's products run: A's raw words into registers, and this thread's share of
+        // B's parts into slot t % 3. Its last readers were k-tile t - 3's products: this warpgroup
+        // waited for its own before k-tile t - 2's, and the other warpgroup waited for its own before
+        // writing its share of k-tile t - 1, which this thread waited for before k-tile t - 1's.
+        copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
+        float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
+        float* small_b = reinterpret_cast<float*>(ring_data) + slot * kStageElementsB;
+        float* big_b = reinterpret_cast<float*>(ring_data) + (kRingSlots + slot) * kStageElementsB;  // MN-major B only
+        float probe;
+        if constexpr (kTransposeB)
+          probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
+        else
+          probe = write_small_parts_fast(raw_b, small_b, thread_idx);
+        // A's vote from its raw words (a value of the split would keep the registers that the pending
+        // products read): inf, NaN, or a magnitude that rounds to inf.
+        uint32_t a_magnitude = 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(a_raw); ++i) a_magnitude = max(a_magnitude, a_raw(i) & ~tf32::kSignMask);
+        if (probe != probe || a_magnitude >= kFirstWordRoundingToInf) special[slot] = ring;
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
+        cutlass::arch::ClusterBarrier::arrive(&written[slot]);
+
+        warpgroup_wait<0>();
+        if (k_tile > 0) {
+          promote();
+          pipeline.consumer_release(smem_pipe_release);
+          ++smem_pipe_release;
+        }
+        warpgroup_fence_operand(tCrA_big);
+        warpgroup_fence_operand(tCrA_small);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(a_raw); ++i) {
+          const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
+          a_big(i) = big;
+          a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(tCrA_raw(i) - __uint_as_float(big)));
+        }
+        cutlass::arch::ClusterBarrier::wait(&written[slot], (ring / kRingSlots) & 1u);
+        if (special[slot] == ring) {
+          // inf or NaN in this k-tile (every thread reads the same stamp): the exact split, as above.
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(a_raw); ++i) {
+            a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
+            a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
+          }
+          if constexpr (kTransposeB)
+            write_parts_transposed_exact(raw_b, big_b, small_b, transpose);
+          else
+            write_small_parts_exact(raw_b, small_b, thread_idx);
+          cutlass::arch::fence_view_async_shared();
+          sync_mma_threads();
+        }
+        issue_products(kTransposeB ? slot : read_stage, slot);
+        ++smem_pipe_read;
+        ++ring_k_tiles_;
+      }
+      warpgroup_wait<0>();
+      promote();
+      warpgroup_fence_operand(accum);
+    } else {
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
+        auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
+        pipeline.consumer_wait(smem_pipe_read, barrier_token);
+        const int read_stage = smem_pipe_read.index();
+        const int slot = k_tile % kRingSlots;
+
+        // While k-tile t - 1's products run: A's raw words into registers (not the ones they read) and
+        // this thread's share of B's parts into slot t % 2 of the rings, last read by k-tile t - 2's
+        // products, which both warpgroups saw complete before the previous iteration's barrier.
+        copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
+        float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
+        float* small_b = reinterpret_cast<float*>(ring_data) + slot * kStageElementsB;
+        float* big_b = reinterpret_cast<float*>(ring_data) + (kRingSlots + slot) * kStageElementsB;  // MN-major B only
+        float probe;
+        if constexpr (kTransposeB)
+          probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
+        else
+          probe = write_small_parts_fast(raw_b, small_b, thread_idx);
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
+
+        warpgroup_wait<0>();
+        if (k_tile > 0) {
+          promote();
+          pipeline.consumer_release(smem_pipe_release);
+          ++smem_pipe_release;
+        }
+        warpgroup_fence_operand(tCrA_big);
+        warpgroup_fence_operand(tCrA_small);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(a_raw); ++i) {
+          // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
+          const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
+          const float rest = tCrA_raw(i) - __uint_as_float(big);
+          probe = __fmaf_rn(rest, 0.0f, probe);
+          a_big(i) = big;
+          a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(rest));
+        }
+        if (sync_mma_threads_or(probe != probe)) {
+          // inf or NaN in this k-tile (uniform across the CTA): every thread redoes its A registers and
+          // its share of B with the exact split, whose small parts keep fp32's inf and NaN products.
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(a_raw); ++i) {
+            a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
+            a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
+          }
+          if constexpr (kTransposeB)
+            write_parts_transposed_exact(raw_b, big_b, small_b, transpose);
+          else
+            write_small_parts_exact(raw_b, small_b, thread_idx);
+          cutlass::arch::fence_view_async_shared();
+          sync_mma_threads();
+        }
+
+        issue_products(kTransposeB ? slot : read_stage, slot);
+        ++smem_pipe_read;
+      }
+      warpgroup_wait<0>();
+      promote();
+      warpgroup_fence_operand(accum);
     }
-    warpgroup_wait<0>();
-    promote();
-    warpgroup_fence_operand(accum);
   }
 };
 
