@@ -8,24 +8,30 @@
 //   - B stays in shared memory (TF32 wgmma has no register-sourced B). The raw tile, loaded as 32-bit
 //     words by a UINT32 TMA copy (CUTLASS's fp32 mainloop uses TFLOAT32 descriptors, whose copy rounds
 //     the low bits away), is big as it is: the tensor cores read it truncated. The small parts
-//     (small_of_truncated_fast, within 2^-21 |b|) go to a two-slot ring, each of the 256 consumer
-//     threads writing 1/256 of the tile.
+//     (small_of_truncated_fast, within 2^-21 |b|) go to a ring of three slots, each of the 256
+//     consumer threads writing 1/256 of the tile.
 //     An MN-major B (the backward's dW = dy^T x, which reads dy as stored) cannot be read by TF32
 //     wgmma at all. Its stage is transposed by the consumers instead: each thread reads a 4 x 4 block
 //     (four 16-byte loads along n), and writes it K-major into two rings, big and small parts both
-//     rounded to nearest as A's are. One more 16 KiB store a k-tile and 32 KiB more of rings (one
+//     rounded to nearest as A's are. One more 16 KiB store a k-tile and 48 KiB more of rings (one
 //     pipeline stage fewer), against a transposed copy of the operand in global memory.
-// Per k-tile t the two consumer warpgroups
-//   1. wait for the TMA tiles, read their raw A words into registers and write their share of B's small
-//      parts to slot t % 2 while k-tile t - 1's products still run; fence the writes for the tensor
-//      cores' async proxy;
-//   2. wait for k-tile t - 1's products, add that k-tile's wgmma accumulator into the fp32 output
-//      accumulator ("promotion"), release its stage, split A in registers, and meet at a named barrier
-//      that ORs a flag: a tile holding inf or NaN (or an A word whose rounding reaches inf) is redone
-//      with the exact split of fused::tf32::split_toward_zero (big truncated, small parts that keep
-//      fp32's inf and NaN products);
-//   3. issue small_A * big_B and big_A * small_B for every k-block, then big_A * big_B for every
-//      k-block, into a freshly zeroed wgmma accumulator.
+// Per k-tile t each consumer thread
+//   1. waits for the TMA tiles, reads its raw A words into registers and writes its share of B's small
+//      parts to slot t % 3 while k-tile t - 1's products still run; votes on the tiles' special values
+//      (inf, NaN, an A word whose rounding reaches inf: a shared stamp of t); fences the writes for the
+//      tensor cores' async proxy and arrives on the slot's mbarrier;
+//   2. waits for its warpgroup's k-tile t - 1 products, adds that k-tile's wgmma accumulator into the
+//      fp32 output accumulator ("promotion"), releases its stage and splits A in registers;
+//   3. waits on the slot's mbarrier (every thread's share written), redoes the k-tile with the exact
+//      split of fused::tf32::split_toward_zero if the stamp says so (big truncated, small parts that
+//      keep fp32's inf and NaN products), and issues small_A * big_B and big_A * small_B for every
+//      k-block, then big_A * big_B for every k-block, into a freshly zeroed wgmma accumulator.
+// So a warpgroup waits for the other only until it has written its share of the slot, not until it
+// has finished its own promotion and split: one may run up to a k-tile ahead. The earlier form, a
+// named barrier of all 256 threads at the end of step 2 (two slots), kept them in step. Measured on
+// the H200 (bench/cpp/variants.sh, alternating runs, the same bits of y): dx of the backward's
+// 1024x8192x8192 1.31 -> 1.25 ms, dW from dy 1.53 -> 1.43 ms, the forward's GEMM + statistics
+// 1.334-1.340 -> 1.329-1.332 ms (one pipeline stage fewer: the third slot).
 // Why promote every k-tile (32 K-elements) and order the products so: the tensor cores' fp32
 // accumulation loses a little of the accumulator at every wgmma (it does not round like an fp32
 // add), so the error grows with the number of wgmma added into an accumulator of the result's size.
@@ -38,7 +44,8 @@
 //   - both operands split in shared memory (SS wgmma): 1.76 ms, shared memory the limit (each SS
 //     wgmma reads A's tile too);
 //   - A in registers (this): 1.32-1.35 ms with one shared ring (half the split work, five stages),
-//     1.29-1.31 ms with A's copy into registers by ldmatrix;
+//     1.29-1.31 ms with A's copy into registers by ldmatrix (1.33 ms on the day of the mbarrier
+//     hand-over above);
 //     a ring per warpgroup (each splitting all of B, never waiting for the other; three stages fit),
 //     staggering or strictly alternating the two warpgroups' products all measured 1.33-1.45 ms
 //     (docs/design-3xtf32-sm90.md, section 6c).
@@ -51,29 +58,15 @@
 
 #include "fused/detail/tf32_split.h"
 
-// How the two consumer warpgroups hand each other B's parts (the header's comment, "Per k-tile"):
-//   0: a named barrier of all 256 MMA threads every k-tile (two ring slots);
-//   1: an mbarrier per ring slot that each thread arrives on once its share is written, waited on
-//      only before the products that read it (three ring slots), so one warpgroup may run up to a
-//      k-tile ahead of the other instead of meeting it every k-tile.
-#ifndef FUSED_3XTF32_DECOUPLED
-#define FUSED_3XTF32_DECOUPLED 1
-#endif
-// A/B probe: 0 reads a K-major A's raw words with 32-bit loads instead of ldmatrix.
-#ifndef FUSED_3XTF32_A_LDMATRIX
-#define FUSED_3XTF32_A_LDMATRIX 1
-#endif
-
 namespace fused::sm90::detail {
 
 using namespace cute;
 
-constexpr bool kDecoupled3xTf32 = FUSED_3XTF32_DECOUPLED != 0;
-// Slots of B's rings: with the named barrier, slot t % 2 is free again once both warpgroups passed
-// k-tile t - 1's barrier; without it a warpgroup may be a k-tile behind, so a third slot.
-constexpr int kRingSlots3xTf32 = kDecoupled3xTf32 ? 3 : 2;
-// The decoupled hand-over's mbarriers and special-value stamps, one each per slot.
-constexpr int kRingSyncBytes3xTf32 = kDecoupled3xTf32 ? 64 : 0;
+// Slots of B's rings: a warpgroup may be a k-tile ahead of the other, so slot t % 3 is written for
+// k-tile t while the other warpgroup's products may still read slot (t - 1) % 3 (the header's comment).
+constexpr int kRingSlots3xTf32 = 3;
+// The hand-over's mbarriers and special-value stamps, one each per slot.
+constexpr int kRingSyncBytes3xTf32 = 64;
 
 // The rings of B's parts: kRingSlots3xTf32 stages of B each, one ring (small parts) for a K-major B,
 // two (big and small parts) for an MN-major B (Mainloop3xTf32 asserts its storage is this size).
@@ -131,7 +124,7 @@ struct Mainloop3xTf32 : Base {
   // matrices), instead of four 32-bit loads per thread: 4-5 % faster at the headline, the same bits.
   // An MN-major A (the backward's row-major kernel) has no 32-bit transposing ldmatrix, and takes
   // 32-bit loads.
-  using SmemCopyAtomA = std::conditional_t<FUSED_3XTF32_A_LDMATRIX && cutlass::gemm::detail::is_k_major_A<typename Base::StrideA>(),
+  using SmemCopyAtomA = std::conditional_t<cutlass::gemm::detail::is_k_major_A<typename Base::StrideA>(),
                                            Copy_Atom<SM75_U32x4_LDSM_N, float>, Copy_Atom<AutoVectorizingCopy, float>>;
 
   // An MN-major B is transposed into K-major rings by the consumers (the header's comment).
@@ -164,11 +157,11 @@ struct Mainloop3xTf32 : Base {
       // [small parts' ring | big parts' ring (MN-major B only)]
       alignas(1024) cute::array_aligned<typename TiledMma::ValTypeB, kStageElementsB * kRingSlots * kRings, 1024>
           smem_B_rings;
-      // Decoupled hand-over only: per slot, an mbarrier every MMA thread arrives on once its share of
-      // the slot is written, and the ring k-tile number of the last use whose tiles held a special
-      // value (inf, NaN, or an A word whose rounding reaches inf).
-      alignas(8) uint64_t ring_written[kDecoupled3xTf32 ? kRingSlots : 1];
-      uint32_t ring_special[kDecoupled3xTf32 ? kRingSlots : 1];
+      // Per slot: an mbarrier every MMA thread arrives on once its share of the slot is written, and
+      // the ring k-tile number of the last use whose tiles held a special value (inf, NaN, or an A word
+      // whose rounding reaches inf).
+      alignas(8) uint64_t ring_written[kRingSlots];
+      uint32_t ring_special[kRingSlots];
     } tensors;
     using PipelineStorage = typename Base::PipelineStorage;
     PipelineStorage pipeline;
@@ -291,23 +284,12 @@ struct Mainloop3xTf32 : Base {
   // The smallest magnitude (fp32 bits without the sign) that round_nearest_away_bits takes to inf.
   static constexpr uint32_t kFirstWordRoundingToInf = tf32::kExponentMask - (1u << (tf32::kDroppedBits - 1));
 
-  // Decoupled hand-over: this CTA's k-tiles so far, over all its tiles (the ring's position).
+  // This CTA's k-tiles so far, over all its tiles: the ring's position.
   uint32_t ring_k_tiles_ = 0;
 
   static constexpr uint32_t kBarrier = static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::TransformBarrier);
 
   CUTLASS_DEVICE static void sync_mma_threads() { cutlass::arch::NamedBarrier::sync(kMmaThreads, kBarrier); }
-
-  // A barrier of the MMA threads that also returns whether any of them passed true.
-  CUTLASS_DEVICE static bool sync_mma_threads_or(bool value) {
-    uint32_t any;
-    asm volatile(
-        "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
-        : "=r"(any)
-        : "r"(static_cast<uint32_t>(value)), "r"(kBarrier), "r"(static_cast<uint32_t>(kMmaThreads))
-        : "memory");
-    return any != 0;
-  }
 
   // The consumers' k-loop (hides Base::mma): accum = A * B over k_tile_count k-tiles in 3xTF32.
   // Releases every stage but the last, as Base::mma does, so Base::mma_tail applies unchanged.
@@ -382,148 +364,85 @@ struct Mainloop3xTf32 : Base {
       warpgroup_fence_operand(tCrA_small);
     };
 
-    if constexpr (kDecoupled3xTf32) {
-      uint64_t* written = shared_tensors.ring_written;
-      volatile uint32_t* special = shared_tensors.ring_special;
-      if (ring_k_tiles_ == 0) {  // this CTA's first tile: set up the hand-over's barriers
-        if (thread_idx == 0) {
-          for (int s = 0; s < kRingSlots; ++s) {
-            cutlass::arch::ClusterBarrier::init(&written[s], kMmaThreads);
-            special[s] = 0xffffffffu;  // no ring k-tile has this number
-          }
-          cutlass::arch::fence_barrier_init();
+    uint64_t* written = shared_tensors.ring_written;
+    volatile uint32_t* special = shared_tensors.ring_special;
+    if (ring_k_tiles_ == 0) {  // this CTA's first tile: set up the hand-over's barriers
+      if (thread_idx == 0) {
+        for (int s = 0; s < kRingSlots; ++s) {
+          cutlass::arch::ClusterBarrier::init(&written[s], kMmaThreads);
+          special[s] = 0xffffffffu;  // no ring k-tile has this number
         }
+        cutlass::arch::fence_barrier_init();
+      }
+      sync_mma_threads();
+    }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
+      auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
+      pipeline.consumer_wait(smem_pipe_read, barrier_token);
+      const int read_stage = smem_pipe_read.index();
+      // Ring k-tiles count on across this CTA's tiles, so a slot's uses and stamps never repeat.
+      const uint32_t ring = ring_k_tiles_;
+      const int slot = int(ring % kRingSlots);
+
+      // While k-tile t - 1's products run: A's raw words into registers, and this thread's share of
+      // B's parts into slot t % 3. Its last readers were k-tile t - 3's products: this warpgroup
+      // waited for its own before k-tile t - 2's, and the other warpgroup waited for its own before
+      // writing its share of k-tile t - 1, which this thread waited for before k-tile t - 1's.
+      copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
+      float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
+      float* small_b = reinterpret_cast<float*>(ring_data) + slot * kStageElementsB;
+      float* big_b = reinterpret_cast<float*>(ring_data) + (kRingSlots + slot) * kStageElementsB;  // MN-major B only
+      float probe;
+      if constexpr (kTransposeB)
+        probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
+      else
+        probe = write_small_parts_fast(raw_b, small_b, thread_idx);
+      // A's vote from its raw words (a value of the split would keep the registers that the pending
+      // products read): inf, NaN, or a magnitude that rounds to inf.
+      uint32_t a_magnitude = 0;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(a_raw); ++i) a_magnitude = max(a_magnitude, a_raw(i) & ~tf32::kSignMask);
+      if (probe != probe || a_magnitude >= kFirstWordRoundingToInf) special[slot] = ring;
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
+      cutlass::arch::ClusterBarrier::arrive(&written[slot]);
+
+      warpgroup_wait<0>();
+      if (k_tile > 0) {
+        promote();
+        pipeline.consumer_release(smem_pipe_release);
+        ++smem_pipe_release;
+      }
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(a_raw); ++i) {
+        const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
+        a_big(i) = big;
+        a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(tCrA_raw(i) - __uint_as_float(big)));
+      }
+      cutlass::arch::ClusterBarrier::wait(&written[slot], (ring / kRingSlots) & 1u);
+      if (special[slot] == ring) {
+        // inf or NaN in this k-tile (every thread reads the same stamp): the exact split, as above.
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(a_raw); ++i) {
+          a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
+          a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
+        }
+        if constexpr (kTransposeB)
+          write_parts_transposed_exact(raw_b, big_b, small_b, transpose);
+        else
+          write_small_parts_exact(raw_b, small_b, thread_idx);
+        cutlass::arch::fence_view_async_shared();
         sync_mma_threads();
       }
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
-        auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
-        pipeline.consumer_wait(smem_pipe_read, barrier_token);
-        const int read_stage = smem_pipe_read.index();
-        // Ring k-tiles count on across this CTA's tiles, so a slot's uses and stamps never repeat.
-        const uint32_t ring = ring_k_tiles_;
-        const int slot = int(ring % kRingSlots);
-
-        // While k-tile t - 1's products run: A's raw words into registers, and this thread's share of
-        // B's parts into slot t % 3. Its last readers were k-tile t - 3's products: this warpgroup
-        // waited for its own before k-tile t - 2's, and the other warpgroup waited for its own before
-        // writing its share of k-tile t - 1, which this thread waited for before k-tile t - 1's.
-        copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
-        float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
-        float* small_b = reinterpret_cast<float*>(ring_data) + slot * kStageElementsB;
-        float* big_b = reinterpret_cast<float*>(ring_data) + (kRingSlots + slot) * kStageElementsB;  // MN-major B only
-        float probe;
-        if constexpr (kTransposeB)
-          probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
-        else
-          probe = write_small_parts_fast(raw_b, small_b, thread_idx);
-        // A's vote from its raw words (a value of the split would keep the registers that the pending
-        // products read): inf, NaN, or a magnitude that rounds to inf.
-        uint32_t a_magnitude = 0;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(a_raw); ++i) a_magnitude = max(a_magnitude, a_raw(i) & ~tf32::kSignMask);
-        if (probe != probe || a_magnitude >= kFirstWordRoundingToInf) special[slot] = ring;
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-        cutlass::arch::ClusterBarrier::arrive(&written[slot]);
-
-        warpgroup_wait<0>();
-        if (k_tile > 0) {
-          promote();
-          pipeline.consumer_release(smem_pipe_release);
-          ++smem_pipe_release;
-        }
-        warpgroup_fence_operand(tCrA_big);
-        warpgroup_fence_operand(tCrA_small);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(a_raw); ++i) {
-          const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
-          a_big(i) = big;
-          a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(tCrA_raw(i) - __uint_as_float(big)));
-        }
-        cutlass::arch::ClusterBarrier::wait(&written[slot], (ring / kRingSlots) & 1u);
-        if (special[slot] == ring) {
-          // inf or NaN in this k-tile (every thread reads the same stamp): the exact split, as above.
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(a_raw); ++i) {
-            a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
-            a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
-          }
-          if constexpr (kTransposeB)
-            write_parts_transposed_exact(raw_b, big_b, small_b, transpose);
-          else
-            write_small_parts_exact(raw_b, small_b, thread_idx);
-          cutlass::arch::fence_view_async_shared();
-          sync_mma_threads();
-        }
-        issue_products(kTransposeB ? slot : read_stage, slot);
-        ++smem_pipe_read;
-        ++ring_k_tiles_;
-      }
-      warpgroup_wait<0>();
-      promote();
-      warpgroup_fence_operand(accum);
-    } else {
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
-        auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
-        pipeline.consumer_wait(smem_pipe_read, barrier_token);
-        const int read_stage = smem_pipe_read.index();
-        const int slot = k_tile % kRingSlots;
-
-        // While k-tile t - 1's products run: A's raw words into registers (not the ones they read) and
-        // this thread's share of B's parts into slot t % 2 of the rings, last read by k-tile t - 2's
-        // products, which both warpgroups saw complete before the previous iteration's barrier.
-        copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
-        float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
-        float* small_b = reinterpret_cast<float*>(ring_data) + slot * kStageElementsB;
-        float* big_b = reinterpret_cast<float*>(ring_data) + (kRingSlots + slot) * kStageElementsB;  // MN-major B only
-        float probe;
-        if constexpr (kTransposeB)
-          probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
-        else
-          probe = write_small_parts_fast(raw_b, small_b, thread_idx);
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-
-        warpgroup_wait<0>();
-        if (k_tile > 0) {
-          promote();
-          pipeline.consumer_release(smem_pipe_release);
-          ++smem_pipe_release;
-        }
-        warpgroup_fence_operand(tCrA_big);
-        warpgroup_fence_operand(tCrA_small);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(a_raw); ++i) {
-          // a - big is inf or NaN exactly when a is, or when rounding a reached inf (|a| near 2^128).
-          const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
-          const float rest = tCrA_raw(i) - __uint_as_float(big);
-          probe = __fmaf_rn(rest, 0.0f, probe);
-          a_big(i) = big;
-          a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(rest));
-        }
-        if (sync_mma_threads_or(probe != probe)) {
-          // inf or NaN in this k-tile (uniform across the CTA): every thread redoes its A registers and
-          // its share of B with the exact split, whose small parts keep fp32's inf and NaN products.
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(a_raw); ++i) {
-            a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
-            a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
-          }
-          if constexpr (kTransposeB)
-            write_parts_transposed_exact(raw_b, big_b, small_b, transpose);
-          else
-            write_small_parts_exact(raw_b, small_b, thread_idx);
-          cutlass::arch::fence_view_async_shared();
-          sync_mma_threads();
-        }
-
-        issue_products(kTransposeB ? slot : read_stage, slot);
-        ++smem_pipe_read;
-      }
-      warpgroup_wait<0>();
-      promote();
-      warpgroup_fence_operand(accum);
+      issue_products(kTransposeB ? slot : read_stage, slot);
+      ++smem_pipe_read;
+      ++ring_k_tiles_;
     }
+    warpgroup_wait<0>();
+    promote();
+    warpgroup_fence_operand(accum);
   }
 };
 
