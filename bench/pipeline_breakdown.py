@@ -74,10 +74,10 @@ def parse_case(case):
 
 
 def mode_module(mode, k, n):
-    """The fused module of a case's mode (bf16 weights for bf16, fp32 otherwise) on the GPU, and its dtype."""
-    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
-    precision = mode if mode in ("tf32", "3xtf32") else None
-    return gbs.FusedGemmBNSoftmax(k, n, precision=precision).cuda().to(dtype), dtype
+    """The fused module of a case's mode on the GPU, and its dtype: bench_forward's dtype and precision
+    for that mode."""
+    spec = bench_forward.TRAIN_MODES[mode]
+    return gbs.FusedGemmBNSoftmax(k, n, precision=spec.precision).cuda().to(spec.dtype), spec.dtype
 
 
 def critical_path(kernels, replays, calls_per_replay=CALLS):
