@@ -58,33 +58,15 @@
 
 #include "fused/detail/tf32_split.h"
 
-#ifndef FUSED_3XTF32_AUX_SPLIT
-#define FUSED_3XTF32_AUX_SPLIT 1
-#endif
-
 namespace fused::sm90::detail {
 
 using namespace cute;
-
-// The base mainloop's dispatch policy, marked for CUTLASS's cooperative kernel to run the mainloop's
-// load_auxiliary in the producer warpgroup's auxiliary warp (kAuxiliarySplit: B's small parts split there).
-template <class BasePolicy, bool kAuxiliarySplit>
-struct Policy3xTf32 : BasePolicy {};
-
-}  // namespace fused::sm90::detail
-
-namespace cutlass::gemm::kernel::detail {
-template <class BasePolicy>
-struct HasAuxiliaryLoad<fused::sm90::detail::Policy3xTf32<BasePolicy, true>> : cute::true_type {};
-}  // namespace cutlass::gemm::kernel::detail
-
-namespace fused::sm90::detail {
 
 // Slots of B's rings: a warpgroup may be a k-tile ahead of the other, so slot t % 3 is written for
 // k-tile t while the other warpgroup's products may still read slot (t - 1) % 3 (the header's comment).
 constexpr int kRingSlots3xTf32 = 3;
 // The hand-over's mbarriers and special-value stamps, one each per slot.
-constexpr int kRingSyncBytes3xTf32 = 64;  // 3 x (two mbarriers and a stamp), padded
+constexpr int kRingSyncBytes3xTf32 = 64;
 
 // The rings of B's parts: kRingSlots3xTf32 stages of B each, one ring (small parts) for a K-major B,
 // two (big and small parts) for an MN-major B (Mainloop3xTf32 asserts its storage is this size).
@@ -124,6 +106,7 @@ struct Mainloop3xTf32 : Base {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
   using typename Base::Params;
+  using typename Base::DispatchPolicy;
 
   static constexpr int kMmaThreads = int(size(TiledMma{}));
   static constexpr int kWarpGroupThreads = cutlass::NumThreadsPerWarpGroup;
@@ -147,14 +130,6 @@ struct Mainloop3xTf32 : Base {
   // An MN-major B is transposed into K-major rings by the consumers (the header's comment).
   static constexpr bool kTransposeB = !cutlass::gemm::detail::is_k_major_B<typename Base::StrideB>();
   static constexpr int kRings = kTransposeB ? 2 : 1;
-  // A K-major B's small parts are written by the producer warpgroup's auxiliary warp (load_auxiliary)
-  // instead of the consumers, which then only load and split A, promote and issue.
-  static constexpr bool kAuxiliarySplit = !kTransposeB && FUSED_3XTF32_AUX_SPLIT;
-  using DispatchPolicy = Policy3xTf32<typename Base::DispatchPolicy, kAuxiliarySplit>;
-  static constexpr int kAuxiliaryThreads = cutlass::NumThreadsPerWarp;
-  // Float4 groups of a stage that one auxiliary thread splits before storing any (the batch's loads
-  // overlap), with the 40 registers of the producer warpgroup.
-  static constexpr int kAuxiliaryBatch = 4;
 
   // B's parts: rings of kRingSlots stages each, K-major. For a K-major B they are laid out as a
   // pipeline stage of B, so element i of the stage and of a slot are the same (n, k); the small parts'
@@ -175,7 +150,6 @@ struct Mainloop3xTf32 : Base {
   static constexpr int kSplitBatch = kStageElementsB / 4 / kMmaThreads;
   static_assert(kSplitBatch * 4 * kMmaThreads == kStageElementsB, "every MMA thread splits whole float4 groups");
   static constexpr int kRingBytes = kStageElementsB * kRingSlots * kRings * int(sizeof(float));
-  static_assert(kRingSlots * (2 * sizeof(uint64_t) + sizeof(uint32_t)) <= kRingSyncBytes3xTf32, "the hand-over's barriers");
   static_assert(kRingBytes == ring_bytes_3xtf32<TileShape, kRings>(), "stages_3xtf32 must leave room for the rings");
 
   struct SharedStorage {
@@ -183,13 +157,10 @@ struct Mainloop3xTf32 : Base {
       // [small parts' ring | big parts' ring (MN-major B only)]
       alignas(1024) cute::array_aligned<typename TiledMma::ValTypeB, kStageElementsB * kRingSlots * kRings, 1024>
           smem_B_rings;
-      // Per slot: an mbarrier every writer of the slot (the MMA threads, or the auxiliary warp and the
-      // MMA threads once they have voted on A) arrives on when its part is done; one the MMA threads
-      // arrive on once their products from the slot are complete (auxiliary split only); and the ring
-      // k-tile number of the last use whose tiles held a special value (inf, NaN, or an A word whose
-      // rounding reaches inf).
+      // Per slot: an mbarrier every MMA thread arrives on once its share of the slot is written, and
+      // the ring k-tile number of the last use whose tiles held a special value (inf, NaN, or an A word
+      // whose rounding reaches inf).
       alignas(8) uint64_t ring_written[kRingSlots];
-      uint64_t ring_free[kRingSlots];
       uint32_t ring_special[kRingSlots];
     } tensors;
     using PipelineStorage = typename Base::PipelineStorage;
@@ -198,38 +169,25 @@ struct Mainloop3xTf32 : Base {
   using TensorStorage = typename SharedStorage::TensorStorage;
   using PipelineStorage = typename SharedStorage::PipelineStorage;
 
-  // Thread thread_idx's share of B's small parts (fast split) among kThreads: float4 groups thread_idx,
-  // thread_idx + kThreads, ..., kBatch of them loaded before any is stored. Returns a value that is NaN
-  // when the share holds inf or NaN (b - truncate(b) is NaN exactly then), else 0: one fused
-  // multiply-add a word instead of a compare and an OR, in kBatch independent chains.
-  template <int kThreads, int kBatch>
+  // This thread's share of B's small parts (fast split). Returns a value that is NaN when the share
+  // holds inf or NaN (b - truncate(b) is NaN exactly then), else 0: one fused multiply-add a word
+  // instead of a compare and an OR.
   CUTLASS_DEVICE static float write_small_parts_fast(float const* raw_stage, float* small, int thread_idx) {
-    constexpr int kGroups = kStageElementsB / 4 / kThreads;
-    static_assert(kGroups * 4 * kThreads == kStageElementsB && kGroups % kBatch == 0, "whole batches of float4 groups");
-    float4 const* raw4 = reinterpret_cast<float4 const*>(raw_stage) + thread_idx;
-    float4* small4 = reinterpret_cast<float4*>(small) + thread_idx;
-    float probe[kBatch];
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kBatch; ++j) probe[j] = 0.0f;
-    auto small_of = [](float b, float& chain) {
+    float4 const* raw4 = reinterpret_cast<float4 const*>(raw_stage);
+    float4* small4 = reinterpret_cast<float4*>(small);
+    float probe = 0.0f;
+    auto small_of = [&probe](float b) {
       const float rest = b - __uint_as_float(__float_as_uint(b) & ~tf32::kDroppedMask);  // exact for finite b
-      chain = __fmaf_rn(rest, 0.0f, chain);
+      probe = __fmaf_rn(rest, 0.0f, probe);
       return __uint_as_float(tf32::round_nearest_away_bits(__float_as_uint(rest)));
     };
+    float4 b[kSplitBatch];
     CUTLASS_PRAGMA_UNROLL
-    for (int g = 0; g < kGroups; g += kBatch) {
-      float4 b[kBatch];
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kBatch; ++j) b[j] = raw4[(g + j) * kThreads];
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kBatch; ++j)
-        small4[(g + j) * kThreads] = make_float4(small_of(b[j].x, probe[j]), small_of(b[j].y, probe[j]),
-                                                 small_of(b[j].z, probe[j]), small_of(b[j].w, probe[j]));
-    }
-    float any = probe[0];
+    for (int j = 0; j < kSplitBatch; ++j) b[j] = raw4[thread_idx + j * kMmaThreads];
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 1; j < kBatch; ++j) any += probe[j];  // NaN stays NaN
-    return any;
+    for (int j = 0; j < kSplitBatch; ++j)
+      small4[thread_idx + j * kMmaThreads] = make_float4(small_of(b[j].x), small_of(b[j].y), small_of(b[j].z), small_of(b[j].w));
+    return probe;
   }
 
   // The same share with the exact split's small parts (small_toward_zero: fp32's inf and NaN products).
@@ -333,64 +291,6 @@ struct Mainloop3xTf32 : Base {
 
   CUTLASS_DEVICE static void sync_mma_threads() { cutlass::arch::NamedBarrier::sync(kMmaThreads, kBarrier); }
 
-  // The hand-over's barriers, set up by one thread at its CTA's first tile. ring_written counts every
-  // writer of a slot: the MMA threads, and with the auxiliary split also the auxiliary warp's threads
-  // (the MMA threads then arrive once they have voted on A's special values).
-  CUTLASS_DEVICE static void init_ring_barriers(TensorStorage& shared_tensors) {
-    volatile uint32_t* special = shared_tensors.ring_special;
-    for (int s = 0; s < kRingSlots; ++s) {
-      cutlass::arch::ClusterBarrier::init(&shared_tensors.ring_written[s],
-                                          kMmaThreads + (kAuxiliarySplit ? kAuxiliaryThreads : 0));
-      cutlass::arch::ClusterBarrier::init(&shared_tensors.ring_free[s], kMmaThreads);
-      special[s] = 0xffffffffu;  // no ring k-tile has this number
-    }
-    cutlass::arch::fence_barrier_init();
-  }
-  // Every thread that uses the barriers meets here once, at its CTA's first tile, after their setup.
-  static constexpr uint32_t kSetupBarrier = static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
-  CUTLASS_DEVICE static void sync_ring_setup() {
-    if constexpr (kAuxiliarySplit)
-      cutlass::arch::NamedBarrier::sync(kMmaThreads + kAuxiliaryThreads, kSetupBarrier);
-    else
-      sync_mma_threads();
-  }
-
-  // The auxiliary warp (K-major B, CUTLASS's MainloopAux producer warp, run for every tile of the CTA):
-  // for each k-tile t, once the products that last read ring slot t % 3 (k-tile t - 3's, both
-  // warpgroups) are complete and the stage has landed, B's small parts of the stage into the slot, the
-  // slot's stamp if they hold inf or NaN, then its arrival on the slot's ring_written. The MMA threads
-  // wait on that before issuing k-tile t's products, so the split runs up to two k-tiles ahead of them
-  // on warps that issue no products.
-  template <class LoadInputs, class BlockCoord, class KTileIterator>
-  CUTLASS_DEVICE void load_auxiliary(Params const& /*mainloop_params*/, MainloopPipeline pipeline,
-                                     PipelineState smem_pipe_write, LoadInputs const& /*load_inputs*/,
-                                     BlockCoord const& /*blk_coord*/, KTileIterator /*k_tile_iter*/, int k_tile_count,
-                                     int lane_idx, uint32_t /*block_rank_in_cluster*/, TensorStorage& shared_tensors) {
-    if constexpr (kAuxiliarySplit) {
-      if (ring_k_tiles_ == 0) sync_ring_setup();  // this CTA's first tile: MMA thread 0 sets the barriers up
-      volatile uint32_t* special = shared_tensors.ring_special;
-      float const* raw_stages = reinterpret_cast<float const*>(shared_tensors.smem_B.data());
-      float* ring_data = reinterpret_cast<float*>(shared_tensors.smem_B_rings.data());
-      // The stages as the consumers see them: the producer's position with the consumers' phase.
-      PipelineState smem_pipe_read(smem_pipe_write.index(), smem_pipe_write.phase() ^ 1u, smem_pipe_write.count());
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
-        const uint32_t ring = ring_k_tiles_;
-        const int slot = int(ring % kRingSlots);
-        const uint32_t use = ring / kRingSlots;
-        if (use > 0) cutlass::arch::ClusterBarrier::wait(&shared_tensors.ring_free[slot], (use - 1) & 1u);
-        pipeline.consumer_wait(smem_pipe_read);
-        const float probe = write_small_parts_fast<kAuxiliaryThreads, kAuxiliaryBatch>(
-            raw_stages + smem_pipe_read.index() * kStageElementsB, ring_data + slot * kStageElementsB, lane_idx);
-        if (probe != probe) special[slot] = ring;
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-        cutlass::arch::ClusterBarrier::arrive(&shared_tensors.ring_written[slot]);
-        ++smem_pipe_read;
-        ++ring_k_tiles_;
-      }
-    }
-  }
-
   // The consumers' k-loop (hides Base::mma): accum = A * B over k_tile_count k-tiles in 3xTF32.
   // Releases every stage but the last, as Base::mma does, so Base::mma_tail applies unchanged.
   template <class FrgTensorC>
@@ -467,8 +367,14 @@ struct Mainloop3xTf32 : Base {
     uint64_t* written = shared_tensors.ring_written;
     volatile uint32_t* special = shared_tensors.ring_special;
     if (ring_k_tiles_ == 0) {  // this CTA's first tile: set up the hand-over's barriers
-      if (thread_idx == 0) init_ring_barriers(shared_tensors);
-      sync_ring_setup();
+      if (thread_idx == 0) {
+        for (int s = 0; s < kRingSlots; ++s) {
+          cutlass::arch::ClusterBarrier::init(&written[s], kMmaThreads);
+          special[s] = 0xffffffffu;  // no ring k-tile has this number
+        }
+        cutlass::arch::fence_barrier_init();
+      }
+      sync_mma_threads();
     }
     CUTLASS_PRAGMA_NO_UNROLL
     for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
@@ -487,20 +393,18 @@ struct Mainloop3xTf32 : Base {
       float const* raw_b = reinterpret_cast<float const*>(shared_tensors.smem_B.data()) + read_stage * kStageElementsB;
       float* small_b = reinterpret_cast<float*>(ring_data) + slot * kStageElementsB;
       float* big_b = reinterpret_cast<float*>(ring_data) + (kRingSlots + slot) * kStageElementsB;  // MN-major B only
-      float probe = 0.0f;  // B's vote (the auxiliary warp votes on its own split)
+      float probe;
       if constexpr (kTransposeB)
         probe = write_parts_transposed_fast(raw_b, big_b, small_b, transpose);
-      else if constexpr (!kAuxiliarySplit)
-        probe = write_small_parts_fast<kMmaThreads, kSplitBatch>(raw_b, small_b, thread_idx);
+      else
+        probe = write_small_parts_fast(raw_b, small_b, thread_idx);
       // A's vote from its raw words (a value of the split would keep the registers that the pending
       // products read): inf, NaN, or a magnitude that rounds to inf.
       uint32_t a_magnitude = 0;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(a_raw); ++i) a_magnitude = max(a_magnitude, a_raw(i) & ~tf32::kSignMask);
       if (probe != probe || a_magnitude >= kFirstWordRoundingToInf) special[slot] = ring;
-      // Generic-proxy writes, read by wgmma (async proxy); with the auxiliary split this thread wrote
-      // only the stamp, which the arrival's release orders.
-      if constexpr (!kAuxiliarySplit) cutlass::arch::fence_view_async_shared();
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
       cutlass::arch::ClusterBarrier::arrive(&written[slot]);
 
       warpgroup_wait<0>();
@@ -508,8 +412,6 @@ struct Mainloop3xTf32 : Base {
         promote();
         pipeline.consumer_release(smem_pipe_release);
         ++smem_pipe_release;
-        // k-tile t - 1's products no longer read its slot: the auxiliary warp may refill it.
-        if constexpr (kAuxiliarySplit) cutlass::arch::ClusterBarrier::arrive(&shared_tensors.ring_free[(ring - 1) % kRingSlots]);
       }
       warpgroup_fence_operand(tCrA_big);
       warpgroup_fence_operand(tCrA_small);
@@ -540,9 +442,6 @@ struct Mainloop3xTf32 : Base {
     }
     warpgroup_wait<0>();
     promote();
-    if constexpr (kAuxiliarySplit) {
-      if (k_tile_count > 0) cutlass::arch::ClusterBarrier::arrive(&shared_tensors.ring_free[(ring_k_tiles_ - 1) % kRingSlots]);
-    }
     warpgroup_fence_operand(accum);
   }
 };
