@@ -11,7 +11,7 @@
 
 #include "kernels/sm90/gemm_3xtf32_row_major.h"
 #include "kernels/sm90/gemm_stats_sm90.cuh"
-#include "kernels/sm90/kernel_3xtf32.hpp"
+#include "kernels/sm90/mainloop_3xtf32.hpp"
 
 namespace fused::sm90::detail {
 
@@ -49,8 +49,8 @@ struct Gemm3xTf32RowMajor {
                          cute::GMMA::Layout_MN_SW128_Atom<cute::tfloat32_t>, StrideB, SmemLayoutAtomB>;
   static_assert(CollectiveMainloop::kTransposeB == kTransposedA, "B's major follows a's layout");
 
-  using GemmKernel = Kernel3xTf32<cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                                       CollectiveEpilogue, cutlass::gemm::PersistentScheduler>>;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   static_assert(int(GemmKernel::SharedStorageSize) <= kSm90SharedMemoryBytes, "shared memory overflow");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 

@@ -1,7 +1,7 @@
 // sm90 GEMM + column statistics, fp32 inputs through the 3xTF32 mainloop (kernels/sm90/mainloop_3xtf32.hpp),
 // 128x128 cooperative tile, cluster 1x1; the statistics epilogue is the tf32 kernel's.
 #include "kernels/sm90/gemm_stats_sm90.cuh"
-#include "kernels/sm90/kernel_3xtf32.hpp"
+#include "kernels/sm90/mainloop_3xtf32.hpp"
 
 namespace fused::sm90 {
 namespace detail {
@@ -23,8 +23,8 @@ struct GemmStats3xTf32Kernel {
 
   using CollectiveMainloop = Mainloop3xTf32Over<RefMainloop, int(sizeof(typename CollectiveEpilogue::SharedStorage))>;
 
-  using GemmKernel = Kernel3xTf32<cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                                       CollectiveEpilogue, cutlass::gemm::PersistentScheduler>>;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   static_assert(int(GemmKernel::SharedStorageSize) <= kSm90SharedMemoryBytes, "shared memory overflow");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   using StrideA = typename Gemm::GemmKernel::StrideA;
