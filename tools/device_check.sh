@@ -85,9 +85,14 @@ if [ "$MODE" = "sanitize" ]; then
   # (racecheck reports hazards there, the loader warp's reads of the tile after a CTA barrier, under every
   # barrier form tried, with every test passing: bench/NOTES.md, twenty-first session)
   ONE_KERNEL='*sm90_tf32_M1000_N508_K520*:*M129_N2816*:*M300_N1800*'
+  # the 3xTF32 kernels: the forward's (inf and NaN, two tiles per CTA) and the backward's (dx shapes, and
+  # inf and NaN with a as stored and transposed)
+  SM90_3XTF32='Sm90Gemm3xTf32.SpecialValuesAsInFp32'
+  ROW_MAJOR_3XTF32='*InfAndNan*:*DxShapes*'
   : >"$OUT/ctest.log"
   for tool in memcheck racecheck synccheck initcheck; do
-    for t in "test_cuda_kernels:*" "test_sm90_gemm_stats:$SM90_SMALL" "test_forward_gpu:$ONE_KERNEL"; do
+    for t in "test_cuda_kernels:*" "test_sm90_gemm_stats:$SM90_SMALL:$SM90_3XTF32" "test_forward_gpu:$ONE_KERNEL" \
+             "test_sm90_3xtf32_row_major:$ROW_MAJOR_3XTF32"; do
       bin=${t%%:*}; filter=${t#*:}
       timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "build-device/$bin" --gtest_brief=1 \
         --gtest_filter="$filter" >"$OUT/sanitizer-one.log" 2>&1

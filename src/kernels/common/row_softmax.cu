@@ -181,16 +181,12 @@ enum class CoefSource { kReloaded, kResident, kShared };
 #define FUSED_SOFTMAX_SHARED_COEFS 1
 #endif
 
-// Whether a staged layout that can take its folded coefficients from shared memory does so for M rows:
-// each CTA's 64 KiB copy of them pays once it walks about six rows or more (two CTAs per SM). H200,
+// Whether a staged layout that can take its folded coefficients from shared memory does so for M rows on
+// `sms` SMs: each CTA's 64 KiB copy of them pays once it walks about six rows or more (two CTAs per SM). H200,
 // 512 x 4, bf16 out, folded, kShared against kReloaded (bench_row_softmax, us): 1024x8192 21.0 against
 // 18.8, 1024x6000 17.9 against 14.7, 2048x8192 level (35.3), 4096x8192 59.7 against 61.2, 16384x8192
 // 202.6 against 212.6.
-bool shares_coefficients(int64_t M) {
-  int sms = 0;
-  return FUSED_SOFTMAX_SHARED_COEFS && util::sm_count(util::detail::current_device(), sms).ok() &&
-         M >= 12 * int64_t{sms};
-}
+constexpr bool shares_coefficients(int64_t M, int sms) { return FUSED_SOFTMAX_SHARED_COEFS && M >= 12 * int64_t{sms}; }
 
 // Dynamic shared memory of a staged kernel: kShared's a and c.
 constexpr int shared_coef_bytes(int threads, int vecs, CoefSource coefs) {
@@ -322,8 +318,12 @@ __global__ void __launch_bounds__(kThreads, kCoefs == CoefSource::kResident ? 0 
   __shared__ alignas(8) uint64_t row_landed;
   // kShared: the folded map's a, then c, kThreads * kVecs float4 each (shared_coef_bytes)
   extern __shared__ float4 shared_coefs[];
-  __shared__ alignas(8) uint64_t coefs_landed;
   __shared__ RowReduceBuffers smem;
+  uint64_t* coefs_landed = nullptr;  // kShared: the two bulk copies of the coefficients
+  if constexpr (kShared) {
+    __shared__ alignas(8) uint64_t bar;
+    coefs_landed = &bar;
+  }
   float* exchange_slots = nullptr;
   uint64_t* exchange_bars = nullptr;
   unsigned ctas = 1, rank = 0;
@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, kCoefs == CoefSource::kResident ? 0 
   const uint32_t part_bytes = static_cast<uint32_t>(kClustered ? std::min(kColumns, N - col0) : N) * 4u;
   if (threadIdx.x == 0) {
     util::mbarrier_init(&row_landed, 1);
-    if constexpr (kShared) util::mbarrier_init(&coefs_landed, 2);  // two bulk copies
+    if constexpr (kShared) util::mbarrier_init(coefs_landed, 2);
     if constexpr (kClustered) {
 #pragma unroll
       for (int b = 0; b < 4; ++b) util::mbarrier_init(&exchange_bars[b], 1);
@@ -368,10 +368,10 @@ __global__ void __launch_bounds__(kThreads, kCoefs == CoefSource::kResident ? 0 
   }
   if constexpr (kShared) {
     if (threadIdx.x == 0) {
-      util::bulk_load(shared_coefs, f.a, part_bytes, &coefs_landed);
-      util::bulk_load(shared_coefs + kThreads * kVecs, f.c, part_bytes, &coefs_landed);
+      util::bulk_load(shared_coefs, f.a, part_bytes, coefs_landed);
+      util::bulk_load(shared_coefs + kThreads * kVecs, f.c, part_bytes, coefs_landed);
     }
-    util::mbarrier_wait(&coefs_landed, 0);
+    util::mbarrier_wait(coefs_landed, 0);
   }
   uint32_t rows_done = 0;  // by this CTA (the cluster exchange's slot parity)
   for (uint32_t phase = 0; row < M; row += row_step, phase ^= 1u, ++rows_done) {
@@ -492,17 +492,15 @@ int staged_ctas_per_sm(int device) {
   });
 }
 
-// The staged kernel's persistent launch; with `only_if_worth_it`, the one-CTA-per-row kernel instead
-// when the rows do not fill the resident CTAs once: staging pays once a CTA walks several rows
-// (H200, 512x4 at N = 8192, bf16 out, against the same layout unstaged: 18 % faster at M = 1024,
-// 29-32 % from M = 4096, 29 % slower at M = 256, under one row per CTA, where only the mbarrier
-// round trip is added).
+// The staged kernel's persistent launch (coefficients from kCoefs) on `device`, of `sms` SMs; with
+// `only_if_worth_it`, the one-CTA-per-row kernel instead when the rows do not fill the resident CTAs
+// once: staging pays once a CTA walks several rows (H200, 512x4 at N = 8192, bf16 out, against the same
+// layout unstaged: 18 % faster at M = 1024, 29-32 % from M = 4096, 29 % slower at M = 256, under one
+// row per CTA, where only the mbarrier round trip is added).
 template <int kThreads, int kVecs, CoefSource kCoefs, class TOut>
-Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
-                     TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
-  const int device = util::detail::current_device();
-  int sms = 0;
-  FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
+Status launch_staged_from(bool only_if_worth_it, int device, int sms, const float* y, int64_t ldy, int64_t M, int64_t N,
+                          const ColumnAffine& f, TOut* out, int64_t ldo, float* row_lse, int64_t* counter,
+                          cudaStream_t stream) {
   const int per_sm = staged_ctas_per_sm<kThreads, kVecs, kCoefs, TOut>(device);
   if (per_sm <= 0) return {StatusCode::kCudaError, "row_softmax: occupancy query or carveout failed"};
   const int64_t resident = int64_t{sms} * per_sm;
@@ -514,6 +512,24 @@ Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t
   return util::launch_dependent(softmax_rows_staged<kThreads, kVecs, kCoefs, TOut>, grid, kThreads,
                                 shared_coef_bytes(kThreads, kVecs, kCoefs), stream, "row_softmax kernel launch", y,
                                 ldy, M, N, f, out, ldo, row_lse, counter);
+}
+
+// The staged launch for a layout whose coefficients come from kCoefs, or from kFoldedCoefs for a folded
+// map (ColumnAffine::shift_folded) where the two differ and the CTAs walk enough rows for it
+// (shares_coefficients).
+template <int kThreads, int kVecs, CoefSource kCoefs, CoefSource kFoldedCoefs, class TOut>
+Status launch_staged(bool only_if_worth_it, const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f,
+                     TOut* out, int64_t ldo, float* row_lse, int64_t* counter, cudaStream_t stream) {
+  const int device = util::detail::current_device();
+  int sms = 0;
+  FUSED_RETURN_IF_ERROR(util::sm_count(device, sms));
+  if constexpr (kFoldedCoefs != kCoefs) {
+    if (f.shift_folded && shares_coefficients(M, sms))
+      return launch_staged_from<kThreads, kVecs, kFoldedCoefs, TOut>(only_if_worth_it, device, sms, y, ldy, M, N, f,
+                                                                     out, ldo, row_lse, counter, stream);
+  }
+  return launch_staged_from<kThreads, kVecs, kCoefs, TOut>(only_if_worth_it, device, sms, y, ldy, M, N, f, out, ldo,
+                                                           row_lse, counter, stream);
 }
 
 // Clusters of `ctas` CTAs of the clustered staged kernel resident at once on `device`
@@ -588,13 +604,11 @@ Status launch_typed(const SoftmaxLayout& l, bool fit_layout, const float* y, int
   }
   if (l.staged) {
     if constexpr (kVec) {
-#define FUSED_SOFTMAX_STAGED_CASE(T, V, R, RF)                                                           \
-  if (l.threads == T && l.vecs == V) {                                                                   \
-    if constexpr (RF != R && sizeof(TOut) == 2) /* only 16-bit outputs fold (folds_logit_shift) */       \
-      if (f.shift_folded && shares_coefficients(M))                                                      \
-        return launch_staged<T, V, RF>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream); \
-    return launch_staged<T, V, R>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, counter, stream);     \
-  }
+/* only 16-bit outputs fold (folds_logit_shift): other outputs take R for a folded map too */
+#define FUSED_SOFTMAX_STAGED_CASE(T, V, R, RF)                                                          \
+  if (l.threads == T && l.vecs == V)                                                                    \
+    return launch_staged<T, V, R, sizeof(TOut) == 2 ? RF : R>(fit_layout, y, ldy, M, N, f, out, ldo, row_lse, \
+                                                              counter, stream);
       FUSED_SOFTMAX_STAGED_LAYOUTS(FUSED_SOFTMAX_STAGED_CASE)
 #undef FUSED_SOFTMAX_STAGED_CASE
     }

@@ -342,28 +342,6 @@ struct Mainloop3xTf32 : Base {
     PipelineState smem_pipe_release = smem_pipe_read;
     const TransposeOffsets transpose = transpose_offsets(thread_idx);  // used for an MN-major B only
 
-    // The products of one k-tile from the current registers and ring slot into partial.
-    auto issue_products = [&](int big_index, int slot) {
-      warpgroup_fence_operand(tCrA_big);
-      warpgroup_fence_operand(tCrA_small);
-      warpgroup_fence_operand(partial);
-      warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB_small(_, _, k_block, slot), partial);
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block)
-        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
-      warpgroup_commit_batch();
-      warpgroup_fence_operand(partial);
-      warpgroup_fence_operand(tCrA_big);
-      warpgroup_fence_operand(tCrA_small);
-    };
-
     uint64_t* written = shared_tensors.ring_written;
     volatile uint32_t* special = shared_tensors.ring_special;
     if (ring_k_tiles_ == 0) {  // this CTA's first tile: set up the hand-over's barriers
@@ -436,7 +414,27 @@ struct Mainloop3xTf32 : Base {
         cutlass::arch::fence_view_async_shared();
         sync_mma_threads();
       }
-      issue_products(kTransposeB ? slot : read_stage, slot);
+      // The products of k-tile t from the registers and ring slot into a freshly zeroed partial: the
+      // small parts' products first, then big * big (the header's comment).
+      const int big_index = kTransposeB ? slot : read_stage;
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
+      warpgroup_fence_operand(partial);
+      warpgroup_arrive();
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = 0; k_block < kBlocks; ++k_block) {
+        cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB_small(_, _, k_block, slot), partial);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = 0; k_block < kBlocks; ++k_block)
+        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(partial);
+      warpgroup_fence_operand(tCrA_big);
+      warpgroup_fence_operand(tCrA_small);
       ++smem_pipe_read;
       ++ring_k_tiles_;
     }
