@@ -116,22 +116,22 @@ def three_tf32(x, w, add: TensorCoreSum, step: int, order: str) -> np.ndarray:
         partial = np.zeros(outputs)
         blocks = [(k, min(k + 8, t1)) for k in range(t0, t1, 8)]
 
-        def run(pairs):
+        def small_then_big(span):
+            """The small parts' products of each k-block of span (small x * big w, big x * small w),
+            then its big * big products, added into partial."""
             nonlocal partial
+            pairs = [pair for k0, k1 in span for pair in ((xs, wb, k0, k1), (xb, ws, k0, k1))]
+            pairs += [(xb, wb, k0, k1) for k0, k1 in span]
             for xa, wbb, k0, k1 in pairs:
                 p = products(xa, wbb, k0, k1)
                 for s in range(0, p.shape[1], step):
                     partial = add(partial, p[:, s:s + step])
 
-        if order in ("tile32", "interleaved64"):
-            # per 32-element k-tile: the small products per k-block, then big * big
+        if order in ("tile32", "interleaved64"):  # per 32-element k-tile
             for q0 in range(t0, t1, 32):
-                sub = [b for b in blocks if q0 <= b[0] < q0 + 32]
-                run([item for k0, k1 in sub for item in ((xs, wb, k0, k1), (xb, ws, k0, k1))])
-                run([(xb, wb, k0, k1) for k0, k1 in sub])
+                small_then_big([b for b in blocks if q0 <= b[0] < q0 + 32])
         elif order == "small_first64":
-            run([item for k0, k1 in blocks for item in ((xs, wb, k0, k1), (xb, ws, k0, k1))])
-            run([(xb, wb, k0, k1) for k0, k1 in blocks])
+            small_then_big(blocks)
         else:
             raise ValueError(order)
         accum = fp32(accum + partial)  # the promotion: an fp32 add
@@ -139,6 +139,7 @@ def three_tf32(x, w, add: TensorCoreSum, step: int, order: str) -> np.ndarray:
 
 
 def rel(got: np.ndarray, want: np.ndarray) -> float:
+    """The benchmark's error measure (bench_forward.rel_err), in numpy: this script needs no torch."""
     return float(np.sqrt(np.sum((got - want) ** 2) / np.sum(want ** 2)))
 
 
