@@ -15,7 +15,9 @@ This script models that (products exact, `--bits` bits kept below the largest te
     (measured on the H200, design study section 7c: 1.95e-7 at K = 1024 over 16 decades, against the
     kernel's 1.58e-7);
   - "k-tile 64, small first": the small-part products of 64 K-elements first, then their 8 big * big
-    steps, promoted every 64 (the design study's section 9, item 5: not built).
+    steps, promoted every 64 (the design study's section 9, item 5: not built);
+  - with --intervals: the kernel's order promoted every 1, 2 and 4 k-tiles, each as a ratio to exact
+    fp32's error (the kernel's promotion_interval_k_tiles takes 2 from K = 4096 and 4 from K = 8192).
 Inputs as the kernel's gtest draws them: N(0, 1) * 10^U(-d, d).
 
 The defaults (26 bits, 8 products a step) are the ones that reproduce the calibration figure (1.92e-5),
@@ -28,6 +30,7 @@ orders the same way; it predicts "k-tile 64, small first" 9-44 % above "k-tile 3
 
     python bench/tensor_core_accumulation_model.py                       # d = 3 and 8, K = 64 ... 8192
     python bench/tensor_core_accumulation_model.py --bits 25 --calibrate
+    python bench/tensor_core_accumulation_model.py --intervals --ks 1024 4096 8192 16384
 """
 from __future__ import annotations
 
@@ -104,12 +107,13 @@ def one_accumulator_tf32(x, w, add: TensorCoreSum, step: int) -> np.ndarray:
     return acc
 
 
-def three_tf32(x, w, add: TensorCoreSum, step: int, order: str) -> np.ndarray:
-    """The 3xTF32 sum of each pair of rows of x and w (outputs = rows), in the given order."""
+def three_tf32(x, w, add: TensorCoreSum, step: int, order: str, interval: int = 1) -> np.ndarray:
+    """The 3xTF32 sum of each pair of rows of x and w (outputs = rows), in the given order; "tile32"
+    promoted every `interval` k-tiles."""
     xb, xs = split_x(x)
     wb, ws = split_w(w)
     outputs, K = x.shape
-    tile = 64 if order in ("interleaved64", "small_first64") else 32
+    tile = 64 if order in ("interleaved64", "small_first64") else 32 * interval
     accum = np.zeros(outputs, dtype=np.float32).astype(np.float64)
     for t0 in range(0, K, tile):
         t1 = min(t0 + tile, K)
@@ -166,6 +170,19 @@ def case_errors(K: int, decades: float, outputs: int, add: TensorCoreSum, step: 
     return errors
 
 
+INTERVALS = (1, 2, 4)
+
+
+def interval_errors(K: int, decades: float, outputs: int, add: TensorCoreSum, step: int, rng) -> dict:
+    """Relative errors of exact fp32 and of the kernel's order promoted every 1, 2 and 4 k-tiles."""
+    x, w = draw(rng, (outputs, K), decades), draw(rng, (outputs, K), decades)
+    want = np.sum(x.astype(np.float64) * w.astype(np.float64), axis=1)
+    errors = {"exact fp32": rel(exact_fp32(x, w), want)}
+    for p in INTERVALS:
+        errors[p] = rel(three_tf32(x, w, add, step, "tile32", p), want)
+    return errors
+
+
 ORDERS = [("tile32", "k-tile 32"), ("interleaved64", "2 k-tiles interleaved"), ("small_first64", "k-tile 64, small first")]
 
 
@@ -178,6 +195,8 @@ def main(argv=None) -> None:
     ap.add_argument("--decades", type=float, nargs="+", default=[3, 8])
     ap.add_argument("--calibrate", action="store_true", help="only the 1xTF32 calibration point")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--intervals", action="store_true",
+                    help="the kernel's order promoted every 1, 2, 4 k-tiles, as ratios to exact fp32's error")
     args = ap.parse_args(argv)
     add = TensorCoreSum(args.bits)
     rng = np.random.default_rng(args.seed)
@@ -187,6 +206,15 @@ def main(argv=None) -> None:
     if args.calibrate:
         return
     print(f"bits {args.bits}, step {args.step}, {args.outputs} outputs a case; relative error against float64")
+    if args.intervals:
+        print("| K | decades | exact fp32 | every k-tile | every 2 | every 4 |  (ratios to exact fp32)")
+        print("|---|---|---|---|---|---|")
+        for d in args.decades:
+            for K in args.ks:
+                e = interval_errors(K, d, args.outputs, add, args.step, rng)
+                print(f"| {K} | {d:g} | {e['exact fp32']:.3g} | "
+                      + " | ".join(f"{e[p] / e['exact fp32']:.2f}" for p in INTERVALS) + " |")
+        return
     print("| K | decades | exact fp32 | " + " | ".join(name for _, name in ORDERS) + " |")
     print("|---|---|---|" + "---|" * len(ORDERS))
     for d in args.decades:

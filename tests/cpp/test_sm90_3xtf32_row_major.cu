@@ -101,7 +101,8 @@ void expect_as_accurate_as_exact_fp32(const Case& s) {
 // dx (M, K) = dy (M, N) W (N, K): m = M, n = K, k = N.
 TEST(Sm90Gemm3xTf32RowMajor, DxShapes) {
   if (!have_sm90()) GTEST_SKIP() << "needs a CUDA device of compute capability 9.x";
-  for (const Case s : {Case{"dx", 256, 512, 1024}, Case{"dx", 200, 132, 64}, Case{"dx", 128, 256, 8192}})
+  for (const Case s : {Case{"dx", 256, 512, 1024}, Case{"dx", 200, 132, 64}, Case{"dx", 128, 256, 4096},
+                       Case{"dx", 128, 256, 8192}})
     expect_as_accurate_as_exact_fp32(s);
 }
 

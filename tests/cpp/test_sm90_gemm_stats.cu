@@ -437,11 +437,13 @@ TEST(Sm90GemmStats, Tf32TensorCoresRoundRawFp32OperandsToNearest) {
 //     over short sums exact fp32 can be the more accurate, most where a few large products dominate
 //     the sum (H200: 1.1x exact fp32's error at d = 3, 2.0x at d = 8);
 //   - far better than 1xTF32; the same bits in two runs; the column-mean partials against float64.
+// K = 4096 and 8192 are the first with a promotion every 2 and every 4 k-tiles (the mainloop's
+// promotion_interval_k_tiles).
 // Prints the three errors.
 TEST(Sm90Gemm3xTf32, AsAccurateAsExactFp32) {
   SKIP_UNLESS_SM90();
   for (const int decades : {3, 8})
-  for (const int64_t K : {int64_t{64}, int64_t{1024}, int64_t{8192}, int64_t{65536}}) {
+  for (const int64_t K : {int64_t{64}, int64_t{1024}, int64_t{4096}, int64_t{8192}, int64_t{65536}}) {
     SCOPED_TRACE("K=" + std::to_string(K) + " decades=" + std::to_string(decades));
     if (decades == 8 && K == 65536) continue;  // the host references' time; d = 3 covers this K
     const int64_t M = K > 8192 ? 128 : 256, N = M;

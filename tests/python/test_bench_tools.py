@@ -713,3 +713,19 @@ def test_tensor_core_model_reproduces_the_h200_figures():
     e = model.case_errors(64, 3, 512, model.TensorCoreSum(26), 8, rng)
     assert e["tile32"] < 0.7 * e["interleaved64"]
     assert e["tile32"] < 3 * e["exact fp32"]
+
+
+def test_tensor_core_model_backs_the_promotion_intervals():
+    """The kernel's promotion_interval_k_tiles: every 2 k-tiles from K = 4096, every 4 from 8192; at K = 1024
+    every 4 would be less accurate than exact fp32 (16 decades of magnitude, where the margin is thinnest)."""
+    import numpy as np
+
+    import tensor_core_accumulation_model as model
+
+    add, rng = model.TensorCoreSum(26), np.random.default_rng(0)
+    e = model.interval_errors(4096, 8, 128, add, 8, rng)
+    assert e[2] < 0.85 * e["exact fp32"]
+    e = model.interval_errors(8192, 8, 128, add, 8, rng)
+    assert e[4] < 0.9 * e["exact fp32"]
+    e = model.interval_errors(1024, 8, 128, add, 8, rng)
+    assert e[4] > e["exact fp32"]

@@ -20,19 +20,21 @@
 //      parts to slot t % 3 while k-tile t - 1's products still run; votes on the tiles' special values
 //      (inf, NaN, an A word whose rounding reaches inf: a shared stamp of t); fences the writes for the
 //      tensor cores' async proxy and arrives on the slot's mbarrier;
-//   2. waits for its warpgroup's k-tile t - 1 products, adds that k-tile's wgmma accumulator into the
-//      fp32 output accumulator ("promotion"), releases its stage and splits A in registers;
+//   2. waits for its warpgroup's k-tile t - 1 products, adds the wgmma accumulator into the fp32
+//      output accumulator ("promotion") if it holds promotion_interval_k_tiles' worth of k-tiles,
+//      releases its stage and splits A in registers;
 //   3. waits on the slot's mbarrier (every thread's share written), redoes the k-tile with the exact
 //      split of fused::tf32::split_toward_zero if the stamp says so (big truncated, small parts that
 //      keep fp32's inf and NaN products), and issues small_A * big_B and big_A * small_B for every
-//      k-block, then big_A * big_B for every k-block, into a freshly zeroed wgmma accumulator.
+//      k-block, then big_A * big_B for every k-block, into the wgmma accumulator (zeroed first after
+//      a promotion).
 // So a warpgroup waits for the other only until it has written its share of the slot, not until it
 // has finished its own promotion and split: one may run up to a k-tile ahead. The earlier form, a
 // named barrier of all 256 threads at the end of step 2 (two slots), kept them in step. Measured on
 // the H200 (bench/cpp/variants.sh, alternating runs, the same bits of y): dx of the backward's
 // 1024x8192x8192 1.31 -> 1.25 ms, dW from dy 1.53 -> 1.43 ms, the forward's GEMM + statistics
 // 1.334-1.340 -> 1.329-1.332 ms (one pipeline stage fewer: the third slot).
-// Why promote every k-tile (32 K-elements) and order the products so: the tensor cores' fp32
+// Why promote often (every k-tile below K = 4096) and order the products so: the tensor cores' fp32
 // accumulation loses a little of the accumulator at every wgmma (it does not round like an fp32
 // add), so the error grows with the number of wgmma added into an accumulator of the result's size.
 // The small-part products go first, while the accumulator is still small; then only the 4 big * big
@@ -61,6 +63,24 @@
 namespace fused::sm90::detail {
 
 using namespace cute;
+
+// How many k-tiles of products one wgmma accumulator takes before its promotion into the fp32
+// accumulator: every k-tile (32 K-elements) for K < 4096, every 2 k-tiles from 4096, every 4 (128
+// K-elements) from 8192. A later k-tile's small-part products go into an accumulator already of the
+// result's size, so a longer interval costs accuracy (section "Why promote" in the header), but the
+// single fp32 accumulator's own error grows with K while the promoted sum's stays flat. The host model
+// (bench/tensor_core_accumulation_model.py --intervals) puts every 2 at 0.37-0.64x exact fp32's error
+// at K = 4096 and every 4 at 0.54-0.70x at K = 8192, over 6 and 16 decades of magnitude; measured on
+// the H200 at K = 1024, every 2 reaches exact fp32's error (1.95e-7 against 1.91e-7 over 16 decades)
+// and so stays off there. Each longer interval leaves out promotions: 64 fadds a thread a k-tile.
+// FUSED_3XTF32_PROMOTION_INTERVAL fixes the interval (A/B builds only).
+CUTLASS_HOST_DEVICE constexpr int promotion_interval_k_tiles(int k_tiles) {
+#ifdef FUSED_3XTF32_PROMOTION_INTERVAL
+  return (void)k_tiles, FUSED_3XTF32_PROMOTION_INTERVAL;
+#else
+  return k_tiles >= 256 ? 4 : k_tiles >= 128 ? 2 : 1;
+#endif
+}
 
 // Slots of B's rings: a warpgroup may be a k-tile ahead of the other, so slot t % 3 is written for
 // k-tile t while the other warpgroup's products may still read slot (t - 1) % 3 (the header's comment).
@@ -354,6 +374,10 @@ struct Mainloop3xTf32 : Base {
       }
       sync_mma_threads();
     }
+    // k-tiles whose products the wgmma accumulator already holds since its last promotion. An MN-major
+    // B (dW, whose K is the batch) promotes every k-tile: the counter made its consumers spill.
+    const int promotion_interval = promotion_interval_k_tiles(k_tile_count);
+    int unpromoted = 0;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
       auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
@@ -385,9 +409,12 @@ struct Mainloop3xTf32 : Base {
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
       cutlass::arch::ClusterBarrier::arrive(&written[slot]);
 
-      warpgroup_wait<0>();
+      warpgroup_wait<0>();  // also before A's split: k-tile t - 1's products read A's registers
       if (k_tile > 0) {
-        promote();
+        if (kTransposeB || unpromoted == promotion_interval) {
+          promote();
+          unpromoted = 0;
+        }
         pipeline.consumer_release(smem_pipe_release);
         ++smem_pipe_release;
       }
@@ -414,14 +441,15 @@ struct Mainloop3xTf32 : Base {
         cutlass::arch::fence_view_async_shared();
         sync_mma_threads();
       }
-      // The products of k-tile t from the registers and ring slot into a freshly zeroed partial: the
-      // small parts' products first, then big * big (the header's comment).
+      // The products of k-tile t from the registers and ring slot into the partial, zeroed first after a
+      // promotion: the small parts' products first, then big * big (the header's comment).
       const int big_index = kTransposeB ? slot : read_stage;
       warpgroup_fence_operand(tCrA_big);
       warpgroup_fence_operand(tCrA_small);
       warpgroup_fence_operand(partial);
       warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      tiled_mma.accumulate_ = kTransposeB || unpromoted == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+      ++unpromoted;
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block) {
         cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
