@@ -437,8 +437,6 @@ TEST(Sm90GemmStats, Tf32TensorCoresRoundRawFp32OperandsToNearest) {
 //     over short sums exact fp32 can be the more accurate, most where a few large products dominate
 //     the sum (H200: 1.1x exact fp32's error at d = 3, 2.0x at d = 8);
 //   - far better than 1xTF32; the same bits in two runs; the column-mean partials against float64.
-// K = 4096 and 8192 are the first with a promotion every 2 and every 4 k-tiles (the mainloop's
-// promotion_interval_k_tiles).
 // Prints the three errors.
 TEST(Sm90Gemm3xTf32, AsAccurateAsExactFp32) {
   SKIP_UNLESS_SM90();

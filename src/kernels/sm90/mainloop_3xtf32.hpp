@@ -20,25 +20,26 @@
 //      parts to slot t % 3 while k-tile t - 1's products still run; votes on the tiles' special values
 //      (inf, NaN, an A word whose rounding reaches inf: a shared stamp of t); fences the writes for the
 //      tensor cores' async proxy and arrives on the slot's mbarrier;
-//   2. waits for its warpgroup's k-tile t - 1 products, adds the wgmma accumulator into the fp32
-//      output accumulator ("promotion") if it holds promotion_interval_k_tiles' worth of k-tiles,
-//      releases its stage and splits A in registers;
+//   2. waits for its warpgroup's k-tile t - 1 products, adds that k-tile's wgmma accumulator into the
+//      fp32 output accumulator ("promotion"), releases its stage and splits A in registers;
 //   3. waits on the slot's mbarrier (every thread's share written), redoes the k-tile with the exact
 //      split of fused::tf32::split_toward_zero if the stamp says so (big truncated, small parts that
 //      keep fp32's inf and NaN products), and issues small_A * big_B and big_A * small_B for every
-//      k-block, then big_A * big_B for every k-block, into the wgmma accumulator (zeroed first after
-//      a promotion).
+//      k-block, then big_A * big_B for every k-block, into a freshly zeroed wgmma accumulator.
 // So a warpgroup waits for the other only until it has written its share of the slot, not until it
 // has finished its own promotion and split: one may run up to a k-tile ahead. The earlier form, a
 // named barrier of all 256 threads at the end of step 2 (two slots), kept them in step. Measured on
 // the H200 (bench/cpp/variants.sh, alternating runs, the same bits of y): dx of the backward's
 // 1024x8192x8192 1.31 -> 1.25 ms, dW from dy 1.53 -> 1.43 ms, the forward's GEMM + statistics
 // 1.334-1.340 -> 1.329-1.332 ms (one pipeline stage fewer: the third slot).
-// Why promote often (every k-tile below K = 4096) and order the products so: the tensor cores' fp32
+// Why promote every k-tile (32 K-elements) and order the products so: the tensor cores' fp32
 // accumulation loses a little of the accumulator at every wgmma (it does not round like an fp32
 // add), so the error grows with the number of wgmma added into an accumulator of the result's size.
 // The small-part products go first, while the accumulator is still small; then only the 4 big * big
-// wgmma of a k-tile are added at full size before the fp32 promotion.
+// wgmma of a k-tile are added at full size before the fp32 promotion. Promoting every 2 or 4 k-tiles
+// from K = 4096 (2-4 % faster on the H200) beat a sequential fp32 sum but not cuBLAS's exact fp32 at
+// 256x512x16384 (5.9e-7 against 4.1e-7), whose split K sums are as accurate as this kernel's
+// (docs/design-3xtf32-sm90.md, section 7j).
 // Measured on the H200 (GEMM + statistics at 1024x8192x8192; relative error against float64 in
 // tests/cpp/test_sm90_gemm_stats.cu), from the first version to this one:
 //   - promotion every 8 k-tiles, products interleaved per k-block: 1.7e-6 at K = 8192 (exact fp32
@@ -63,24 +64,6 @@
 namespace fused::sm90::detail {
 
 using namespace cute;
-
-// How many k-tiles of products one wgmma accumulator takes before its promotion into the fp32
-// accumulator: every k-tile (32 K-elements) for K < 4096, every 2 k-tiles from 4096, every 4 (128
-// K-elements) from 8192. A later k-tile's small-part products go into an accumulator already of the
-// result's size, so a longer interval costs accuracy (section "Why promote" in the header), but the
-// single fp32 accumulator's own error grows with K while the promoted sum's stays flat. The host model
-// (bench/tensor_core_accumulation_model.py --intervals) puts every 2 at 0.37-0.64x exact fp32's error
-// at K = 4096 and every 4 at 0.54-0.70x at K = 8192, over 6 and 16 decades of magnitude; measured on
-// the H200 at K = 1024, every 2 reaches exact fp32's error (1.95e-7 against 1.91e-7 over 16 decades)
-// and so stays off there. Each longer interval leaves out promotions: 64 fadds a thread a k-tile.
-// FUSED_3XTF32_PROMOTION_INTERVAL fixes the interval (A/B builds only).
-CUTLASS_HOST_DEVICE constexpr int promotion_interval_k_tiles(int k_tiles) {
-#ifdef FUSED_3XTF32_PROMOTION_INTERVAL
-  return (void)k_tiles, FUSED_3XTF32_PROMOTION_INTERVAL;
-#else
-  return k_tiles >= 256 ? 4 : k_tiles >= 128 ? 2 : 1;
-#endif
-}
 
 // Slots of B's rings: a warpgroup may be a k-tile ahead of the other, so slot t % 3 is written for
 // k-tile t while the other warpgroup's products may still read slot (t - 1) % 3 (the header's comment).
@@ -374,10 +357,6 @@ struct Mainloop3xTf32 : Base {
       }
       sync_mma_threads();
     }
-    // k-tiles whose products the wgmma accumulator already holds since its last promotion. An MN-major
-    // B (dW, whose K is the batch) promotes every k-tile: the counter made its consumers spill.
-    const int promotion_interval = promotion_interval_k_tiles(k_tile_count);
-    int unpromoted = 0;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
       auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
@@ -409,12 +388,9 @@ struct Mainloop3xTf32 : Base {
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
       cutlass::arch::ClusterBarrier::arrive(&written[slot]);
 
-      warpgroup_wait<0>();  // also before A's split: k-tile t - 1's products read A's registers
+      warpgroup_wait<0>();
       if (k_tile > 0) {
-        if (kTransposeB || unpromoted == promotion_interval) {
-          promote();
-          unpromoted = 0;
-        }
+        promote();
         pipeline.consumer_release(smem_pipe_release);
         ++smem_pipe_release;
       }
@@ -441,15 +417,14 @@ struct Mainloop3xTf32 : Base {
         cutlass::arch::fence_view_async_shared();
         sync_mma_threads();
       }
-      // The products of k-tile t from the registers and ring slot into the partial, zeroed first after a
-      // promotion: the small parts' products first, then big * big (the header's comment).
+      // The products of k-tile t from the registers and ring slot into a freshly zeroed partial: the
+      // small parts' products first, then big * big (the header's comment).
       const int big_index = kTransposeB ? slot : read_stage;
       warpgroup_fence_operand(tCrA_big);
       warpgroup_fence_operand(tCrA_small);
       warpgroup_fence_operand(partial);
       warpgroup_arrive();
-      tiled_mma.accumulate_ = kTransposeB || unpromoted == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-      ++unpromoted;
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < kBlocks; ++k_block) {
         cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
