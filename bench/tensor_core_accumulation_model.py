@@ -163,10 +163,15 @@ def calibration(outputs: int, add: TensorCoreSum, step: int, rng) -> tuple[float
     return rel(one_accumulator_tf32(x, w, add, step), want), rel(exact_fp32(x, w), want)
 
 
+def draw_case(K: int, decades: float, outputs: int, rng):
+    """One draw of the gtest's inputs, x and w (outputs, K), and their dot products in float64."""
+    x, w = draw(rng, (outputs, K), decades), draw(rng, (outputs, K), decades)
+    return x, w, np.sum(x.astype(np.float64) * w.astype(np.float64), axis=1)
+
+
 def case_errors(K: int, decades: float, outputs: int, add: TensorCoreSum, step: int, rng) -> dict:
     """Relative errors of exact fp32 and of each 3xTF32 order on one draw of the gtest's inputs."""
-    x, w = draw(rng, (outputs, K), decades), draw(rng, (outputs, K), decades)
-    want = np.sum(x.astype(np.float64) * w.astype(np.float64), axis=1)
+    x, w, want = draw_case(K, decades, outputs, rng)
     errors = {"exact fp32": rel(exact_fp32(x, w), want)}
     for order, _ in ORDERS:
         errors[order] = rel(three_tf32(x, w, add, step, order), want)
@@ -189,8 +194,7 @@ def exact_fp32_split_k(x: np.ndarray, w: np.ndarray, ranges: int) -> np.ndarray:
 def interval_errors(K: int, decades: float, outputs: int, add: TensorCoreSum, step: int, rng) -> dict:
     """Relative errors of exact fp32 (in K order, and as 16 K ranges) and of the kernel's order promoted
     every 1, 2 and 4 k-tiles."""
-    x, w = draw(rng, (outputs, K), decades), draw(rng, (outputs, K), decades)
-    want = np.sum(x.astype(np.float64) * w.astype(np.float64), axis=1)
+    x, w, want = draw_case(K, decades, outputs, rng)
     errors = {"exact fp32": rel(exact_fp32(x, w), want), "exact fp32, split K": rel(exact_fp32_split_k(x, w, 16), want)}
     for p in INTERVALS:
         errors[p] = rel(three_tf32(x, w, add, step, "tile32", p), want)
