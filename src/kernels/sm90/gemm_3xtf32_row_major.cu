@@ -1,7 +1,9 @@
-// The backward's 3xTF32 GEMM with a as stored (dx = dy W): one instantiation of
-// gemm_3xtf32_row_major.cuh. The entry points for both instantiations are here.
+// The backward's 3xTF32 GEMM with a as stored, split in the loop: one instantiation of
+// gemm_3xtf32_row_major.cuh. The entry points for all three instantiations are here.
 #define FUSED_3XTF32_TRANSPOSED_A 0
 #include "kernels/sm90/gemm_3xtf32_row_major.cuh"
+
+#include <cstdlib>
 
 namespace fused::sm90 {
 
@@ -9,16 +11,37 @@ namespace instances {
 std::size_t workspace_3xtf32_row_major_transposed_a(int64_t m, int64_t n, int64_t k);
 Status run_3xtf32_row_major_transposed_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                                          int64_t ldb, float* c, int64_t ldc, void* workspace, cudaStream_t stream);
+std::size_t workspace_3xtf32_row_major_presplit(int64_t m, int64_t n, int64_t k, bool a_transposed);
+Status run_3xtf32_row_major_presplit(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool a_transposed,
+                                     const float* b, int64_t ldb, float* c, int64_t ldc, void* workspace,
+                                     cudaStream_t stream);
 }  // namespace instances
 
-using AsStored = detail::Gemm3xTf32RowMajor;  // a as stored
+using AsStored = detail::Gemm3xTf32RowMajor;  // a as stored, split in the loop
 
-std::size_t gemm_3xtf32_row_major_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed) {
+namespace {
+// The form a as stored takes: kDefault resolved (the environment's switch read once).
+bool presplit(SmallParts small_parts) {
+  if (small_parts != SmallParts::kDefault) return small_parts == SmallParts::kPresplit;
+  static const bool in_loop = [] {
+    const char* v = std::getenv("FUSED_3XTF32_IN_LOOP_SPLIT");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return !in_loop;
+}
+}  // namespace
+
+std::size_t gemm_3xtf32_row_major_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed,
+                                                  SmallParts small_parts) {
+  if (presplit(small_parts)) return instances::workspace_3xtf32_row_major_presplit(m, n, k, a_transposed);
   return a_transposed ? instances::workspace_3xtf32_row_major_transposed_a(m, n, k) : AsStored::workspace_bytes(m, n, k);
 }
 
 Status gemm_3xtf32_row_major(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool a_transposed,
-                             const float* b, int64_t ldb, float* c, int64_t ldc, void* workspace, cudaStream_t stream) {
+                             const float* b, int64_t ldb, float* c, int64_t ldc, void* workspace, cudaStream_t stream,
+                             SmallParts small_parts) {
+  if (presplit(small_parts))
+    return instances::run_3xtf32_row_major_presplit(m, n, k, a, lda, a_transposed, b, ldb, c, ldc, workspace, stream);
   if (a_transposed)
     return instances::run_3xtf32_row_major_transposed_a(m, n, k, a, lda, b, ldb, c, ldc, workspace, stream);
   return AsStored::run(m, n, k, a, lda, b, ldb, c, ldc, workspace, stream);

@@ -5,13 +5,18 @@
 // forward's. Its B (here a) is K-major when a is given as stored (dx = dy W), and MN-major when a is
 // given transposed (dW = dy^T x reading dy): the consumers then transpose each B tile into K-major
 // rings, as TF32 wgmma requires. The epilogue is CUTLASS's plain one (alpha = 1, beta = 0, no
-// source), storing c^T column-major, i.e. c row-major. One instantiation per TU:
-// gemm_3xtf32_row_major.cu (a as stored) and gemm_3xtf32_row_major_transposed_a.cu (FUSED_3XTF32_TRANSPOSED_A).
+// source), storing c^T column-major, i.e. c row-major. With a as stored the kernel's B may also come
+// with its small parts split beforehand (FUSED_3XTF32_PRESPLIT: mainloop_3xtf32_presplit.hpp; a pass
+// writes them into the workspace). One instantiation per TU: gemm_3xtf32_row_major.cu (a as stored,
+// split in the loop), gemm_3xtf32_row_major_presplit.cu (a as stored, presplit) and
+// gemm_3xtf32_row_major_transposed_a.cu (FUSED_3XTF32_TRANSPOSED_A).
 #pragma once
 
 #include "kernels/sm90/gemm_3xtf32_row_major.h"
 #include "kernels/sm90/gemm_stats_sm90.cuh"
 #include "kernels/sm90/mainloop_3xtf32.hpp"
+#include "kernels/sm90/mainloop_3xtf32_presplit.hpp"
+#include "kernels/sm90/split_small_parts_3xtf32.h"
 
 namespace fused::sm90::detail {
 
@@ -21,17 +26,35 @@ namespace fused::sm90::detail {
 #if !defined(FUSED_3XTF32_TRANSPOSED_A)
 #error "define FUSED_3XTF32_TRANSPOSED_A (0 or 1) before including gemm_3xtf32_row_major.cuh"
 #endif
+#if !defined(FUSED_3XTF32_PRESPLIT)
+#define FUSED_3XTF32_PRESPLIT 0
+#endif
+#if FUSED_3XTF32_PRESPLIT && FUSED_3XTF32_TRANSPOSED_A
+#error "the presplit kernel reads a as stored (its B must be K-major)"
+#endif
+// b given transposed, as b^T (n, k) row-major (the forward's y = x W^T with W as stored): the kernel's
+// A is then K-major. Built in the presplit form only.
+#if !defined(FUSED_3XTF32_TRANSPOSED_B)
+#define FUSED_3XTF32_TRANSPOSED_B 0
+#endif
+#if FUSED_3XTF32_TRANSPOSED_B && !FUSED_3XTF32_PRESPLIT
+#error "b given transposed is built in the presplit form only"
+#endif
 
 namespace {  // each TU's own kernel type
 
 struct Gemm3xTf32RowMajor {
   static constexpr bool kTransposedA = FUSED_3XTF32_TRANSPOSED_A != 0;
+  static constexpr bool kTransposedB = FUSED_3XTF32_TRANSPOSED_B != 0;
   using Reference = Tf32ReferenceFor3xTf32;
   using RefMainloop = typename Reference::CollectiveMainloop;
   using TileShape = typename Reference::TileShape;
   using ClusterShape = typename Reference::ClusterShape;
   // The kernel's (m, n, k) is the row-major problem's (n, m, k).
-  using StrideA = cute::Stride<cute::_1, int64_t, int64_t>;  // (m, k, l): m contiguous (b as stored)
+  // (m, k, l): m contiguous (b as stored), or k contiguous (b given as b^T)
+  using StrideA = std::conditional_t<kTransposedB, typename RefMainloop::StrideA, cute::Stride<cute::_1, int64_t, int64_t>>;
+  using SmemLayoutAtomA = std::conditional_t<kTransposedB, typename RefMainloop::SmemLayoutAtomA,
+                                             cute::GMMA::Layout_MN_SW128_Atom<cute::tfloat32_t>>;
   // (n, k, l): k contiguous (a as stored), or n contiguous (a given as a^T, row-major)
   using StrideB = std::conditional_t<kTransposedA, cute::Stride<cute::_1, int64_t, int64_t>,
                                      typename RefMainloop::StrideB>;
@@ -44,23 +67,48 @@ struct Gemm3xTf32RowMajor {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutC, 4, float, LayoutC, 4,
       cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
 
+#if FUSED_3XTF32_PRESPLIT
+  static constexpr bool kPresplit = true;
+  using CollectiveMainloop =
+      Mainloop3xTf32PresplitOver<RefMainloop, int(sizeof(typename CollectiveEpilogue::SharedStorage)), StrideA,
+                                 SmemLayoutAtomA>;
+#else
+  static constexpr bool kPresplit = false;
   using CollectiveMainloop =
       Mainloop3xTf32Over<RefMainloop, int(sizeof(typename CollectiveEpilogue::SharedStorage)), StrideA,
-                         cute::GMMA::Layout_MN_SW128_Atom<cute::tfloat32_t>, StrideB, SmemLayoutAtomB>;
+                         SmemLayoutAtomA, StrideB, SmemLayoutAtomB>;
   static_assert(CollectiveMainloop::kTransposeB == kTransposedA, "B's major follows a's layout");
+#endif
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   static_assert(int(GemmKernel::SharedStorageSize) <= kSm90SharedMemoryBytes, "shared memory overflow");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
+  // The presplit form's part of the workspace, after the kernel's own (rounded up to 256 bytes): a's
+  // small parts (m, k) with row stride ld_small(k), then the pass's inf / NaN flag; with a given
+  // transposed, first a itself, transposed by the pass into the same layout.
+  static int64_t ld_small(int64_t k) { return (k + 3) / 4 * 4; }
+  static std::size_t kernel_workspace_offset(std::size_t kernel_bytes) { return (kernel_bytes + 255) / 256 * 256; }
+  static std::size_t presplit_bytes(int64_t m, int64_t k, bool a_given_transposed) {
+    return kPresplit ? std::size_t(m * ld_small(k)) * 4 * (a_given_transposed ? 2 : 1) + 16 : 0;
+  }
+
   // The kernel's arguments for the row-major c (m, n) = a (m, k) b (k, n) (a given as a^T (k, m)
-  // when kTransposedA), or the error of the device query (the per-device SM count cache).
+  // when kTransposedA), or the error of the device query (the per-device SM count cache). The
+  // presplit form reads a's small parts (m, k, row stride ld_small(k)) and the pass's flag.
   static Status arguments(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                          float* c, int64_t ldc, typename Gemm::Arguments& out) {
+                          float* c, int64_t ldc, typename Gemm::Arguments& out, const float* a_small = nullptr,
+                          const uint32_t* a_special = nullptr) {
     using StrideC = typename Gemm::GemmKernel::StrideC;
     using StrideD = typename Gemm::GemmKernel::StrideD;
-    const StrideA stride_b{cute::_1{}, ldb, int64_t{0}};  // the kernel's A: b^T
+    // The kernel's A: b^T. Element (j, p) at b[p * ldb + j] (b as stored), or b[j * ldb + p] (given as b^T).
+#if FUSED_3XTF32_TRANSPOSED_B
+    StrideA stride_b{};
+    cute::get<0>(stride_b) = ldb;
+#else
+    const StrideA stride_b{cute::_1{}, ldb, int64_t{0}};
+#endif
     // The kernel's B: a. Element (i, p) of a at a[p * lda + i] (given transposed), or a[i * lda + p].
 #if FUSED_3XTF32_TRANSPOSED_A
     const StrideB stride_a{cute::_1{}, lda, int64_t{0}};
@@ -76,26 +124,67 @@ struct Gemm3xTf32RowMajor {
     if (cudaGetDevice(&hw_info.device_id) != cudaSuccess)
       return {StatusCode::kCudaError, "3xTF32 GEMM: cudaGetDevice failed"};
     FUSED_RETURN_IF_ERROR(cuda::util::sm_count(hw_info.device_id, hw_info.sm_count));
+#if FUSED_3XTF32_PRESPLIT
+    StrideB stride_a_small{};
+    cute::get<0>(stride_a_small) = ld_small(k);
+    typename CollectiveMainloop::Arguments mainloop{reinterpret_cast<const uint32_t*>(b), stride_b,
+                                                    reinterpret_cast<const uint32_t*>(a), stride_a,
+                                                    reinterpret_cast<const uint32_t*>(a_small), stride_a_small, a_special};
+#else
+    (void)a_small, (void)a_special;
+    typename CollectiveMainloop::Arguments mainloop{reinterpret_cast<const uint32_t*>(b), stride_b,
+                                                    reinterpret_cast<const uint32_t*>(a), stride_a};
+#endif
     out = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
                                    {int(n), int(m), int(k), 1},
-                                   {reinterpret_cast<const uint32_t*>(b), stride_b,
-                                    reinterpret_cast<const uint32_t*>(a), stride_a},
+                                   mainloop,
                                    {{1.0f, 0.0f}, nullptr, stride_c, c, stride_d},
                                    hw_info};
     return Status::Ok();
   }
 
-  static std::size_t workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  // a_given_transposed (presplit form only): a is given as a^T (k, m) with row stride lda, and the pass
+  // writes a as stored beside its small parts (the kernel then reads that copy).
+  static std::size_t workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_given_transposed = false) {
     float* const stand_in = reinterpret_cast<float*>(std::uintptr_t{256});
+    const uint32_t* const flag_stand_in = reinterpret_cast<const uint32_t*>(std::uintptr_t{256});
     typename Gemm::Arguments args;
-    if (!arguments(m, n, k, stand_in, kTransposedA ? m : k, stand_in, n, stand_in, n, args).ok()) return 0;
-    return Gemm::get_workspace_size(args);
+    if (!arguments(m, n, k, stand_in, kTransposedA ? m : ld_small(k), stand_in, kTransposedB ? k : n, stand_in, n, args,
+                   stand_in, flag_stand_in).ok())
+      return 0;
+    const std::size_t kernel_bytes = Gemm::get_workspace_size(args);
+    return kPresplit ? kernel_workspace_offset(kernel_bytes) + presplit_bytes(m, k, a_given_transposed) : kernel_bytes;
   }
 
   static Status run(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                    int64_t ldc, void* workspace, cudaStream_t stream) {
+                    int64_t ldc, void* workspace, cudaStream_t stream, bool a_given_transposed = false) {
     typename Gemm::Arguments args;
-    FUSED_RETURN_IF_ERROR(arguments(m, n, k, a, lda, b, ldb, c, ldc, args));
+    float* a_small = nullptr;
+    uint32_t* a_special = nullptr;
+    if constexpr (kPresplit) {
+      // The workspace's layout (workspace_bytes): after the kernel's own part, [a as stored | ] a's
+      // small parts, then the flag.
+      FUSED_RETURN_IF_ERROR(arguments(m, n, k, a, ld_small(k), b, ldb, c, ldc, args, a, nullptr));
+      auto* base = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
+                                            kernel_workspace_offset(Gemm::get_workspace_size(args)));
+      const int64_t elements = m * ld_small(k);
+      if (a_given_transposed) {
+        float* a_copy = base;
+        a_small = base + elements;
+        a_special = reinterpret_cast<uint32_t*>(a_small + elements);
+        FUSED_RETURN_IF_ERROR(
+            transpose_split_small_parts_3xtf32(a, m, k, lda, a_copy, a_small, ld_small(k), a_special, stream));
+        a = a_copy;
+        lda = ld_small(k);
+      } else {
+        a_small = base;
+        a_special = reinterpret_cast<uint32_t*>(a_small + elements);
+        FUSED_RETURN_IF_ERROR(split_small_parts_3xtf32(a, m, k, lda, a_small, a_special, stream));
+      }
+    } else {
+      (void)a_given_transposed;  // the in-loop forms read a in the instantiation's own layout (kTransposedA)
+    }
+    FUSED_RETURN_IF_ERROR(arguments(m, n, k, a, lda, b, ldb, c, ldc, args, a_small, a_special));
     return launch_gemm<Gemm>(args, workspace, stream);
   }
 };

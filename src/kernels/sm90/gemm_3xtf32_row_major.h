@@ -19,9 +19,30 @@
 
 namespace fused::sm90 {
 
-std::size_t gemm_3xtf32_row_major_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed);
+// How the kernel gets the small parts of its shared-memory operand, a:
+//   kPresplit: a pass writes them into the workspace (m x k floats more) and the kernel loads them by
+//              TMA beside a's tiles (mainloop_3xtf32_presplit.hpp); a given transposed is transposed
+//              by the same pass into the workspace (m x k floats more again). The default: on the
+//              H100 at dx = dy W 1024 x 8192 x 8192, 1.00 ms against 1.39 ms in the loop;
+//   kInLoop:   the consumers split each tile of a in shared memory (mainloop_3xtf32.hpp) and, given
+//              transposed, transpose it there too: no memory beyond the kernel's own workspace.
+// FUSED_3XTF32_IN_LOOP_SPLIT=1 in the environment (read once) makes kInLoop the default, for A/B runs.
+enum class SmallParts { kDefault, kPresplit, kInLoop };
+
+std::size_t gemm_3xtf32_row_major_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed,
+                                                  SmallParts small_parts = SmallParts::kDefault);
 
 Status gemm_3xtf32_row_major(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool a_transposed,
-                             const float* b, int64_t ldb, float* c, int64_t ldc, void* workspace, cudaStream_t stream);
+                             const float* b, int64_t ldb, float* c, int64_t ldc, void* workspace, cudaStream_t stream,
+                             SmallParts small_parts = SmallParts::kDefault);
+
+// c (m, n) = a (m, k) b^T with b given as stored (n, k) row-major (row stride ldb), a as stored with
+// its small parts split by a pass first (m x k floats of workspace): the forward's y = x W^T with W as
+// nn.Linear stores it, in the operand order the presplit kernel needs (x in shared memory, W through
+// registers). A plain GEMM (no bias, no statistics): not yet run by the forward op. Needs k, n, lda, ldb
+// and ldc multiples of 4, 16-byte aligned pointers.
+std::size_t gemm_3xtf32_row_major_b_transposed_workspace_bytes(int64_t m, int64_t n, int64_t k);
+Status gemm_3xtf32_row_major_b_transposed(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                                          int64_t ldb, float* c, int64_t ldc, void* workspace, cudaStream_t stream);
 
 }  // namespace fused::sm90

@@ -1,0 +1,27 @@
+// The pass before the presplit 3xTF32 GEMM (mainloop_3xtf32_presplit.hpp): the small parts of the
+// operand that the kernel keeps in shared memory, written once instead of split every k-tile.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "fused/types.h"
+
+namespace fused::sm90 {
+
+// small (rows, cols), dense (row stride cols) = fused::tf32::small_toward_zero of every element of
+// a (rows, cols) with row stride lda; *special = 1 if a holds inf or NaN, else 0 (the pass zeroes it
+// first). Needs cols and lda multiples of 4 and a, small 16-byte aligned (what the GEMM's TMA copies
+// need anyway). Launches on `stream`; asynchronous.
+Status split_small_parts_3xtf32(const float* a, int64_t rows, int64_t cols, int64_t lda, float* small,
+                                uint32_t* special, cudaStream_t stream);
+
+// The same for an operand given transposed: at (cols, rows) with row stride ldat holds a = at^T.
+// Writes a itself (rows, cols) and its small parts (rows, cols), both with row stride ld >= cols,
+// ld a multiple of 4 (columns [cols, ld) are left as they were: TMA never reads past cols). No
+// alignment needed of at.
+Status transpose_split_small_parts_3xtf32(const float* at, int64_t rows, int64_t cols, int64_t ldat, float* a,
+                                          float* small, int64_t ld, uint32_t* special, cudaStream_t stream);
+
+}  // namespace fused::sm90
