@@ -3,8 +3,6 @@
 #define FUSED_3XTF32_TRANSPOSED_A 0
 #include "kernels/sm90/gemm_3xtf32_row_major.cuh"
 
-#include <cstdlib>
-
 namespace fused::sm90 {
 
 namespace instances {
@@ -20,14 +18,8 @@ Status run_3xtf32_row_major_presplit(int64_t m, int64_t n, int64_t k, const floa
 using AsStored = detail::Gemm3xTf32RowMajor;  // a as stored, split in the loop
 
 namespace {
-// The form a as stored takes: kDefault resolved (the environment's switch read once).
 bool presplit(SmallParts small_parts) {
-  if (small_parts != SmallParts::kDefault) return small_parts == SmallParts::kPresplit;
-  static const bool in_loop = [] {
-    const char* v = std::getenv("FUSED_3XTF32_IN_LOOP_SPLIT");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
-  return !in_loop;
+  return small_parts == SmallParts::kDefault ? presplit_3xtf32() : small_parts == SmallParts::kPresplit;
 }
 }  // namespace
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kernels/sm90/split_small_parts_3xtf32.h"
+
 namespace fused::sm90 {
 
 int64_t partials_row_tile(Sm90Tile tile) { return tile == Sm90Tile::k256x128 ? 256 : 128; }
@@ -43,7 +45,8 @@ struct Instance {
 // The instantiation for (element type, precision, tile), or null with the reason in `why`.
 const Instance* find_instance(ElementType dtype, MatmulPrecision precision, Sm90Tile tile, Status& why) {
   using namespace instances;
-  static constexpr Instance k3xTf32{workspace_3xtf32_128x128, run_3xtf32_128x128};
+  static constexpr Instance k3xTf32InLoop{workspace_3xtf32_128x128, run_3xtf32_128x128};
+  static constexpr Instance k3xTf32Presplit{workspace_3xtf32_presplit_128x128, run_3xtf32_presplit_128x128};
   // Indexed by Sm90Tile.
   static constexpr Instance kBf16[3] = {{workspace_bf16_256x128, run_bf16_256x128},
                                         {workspace_bf16_128x128, run_bf16_128x128},
@@ -59,7 +62,7 @@ const Instance* find_instance(ElementType dtype, MatmulPrecision precision, Sm90
   if (index < 0 || index > 2) return nullptr;
   if (dtype == ElementType::kFloat32 && precision == MatmulPrecision::kHighest) return nullptr;
   if (dtype == ElementType::kFloat32 && precision == MatmulPrecision::k3xTF32) {
-    if (tile == k3xTf32Tile) return &k3xTf32;
+    if (tile == k3xTf32Tile) return presplit_3xtf32() ? &k3xTf32Presplit : &k3xTf32InLoop;
     why = kWrongTile;
     return nullptr;
   }

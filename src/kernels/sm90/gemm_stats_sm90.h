@@ -64,8 +64,10 @@ std::size_t gemm_workspace_bytes(ElementType dtype, MatmulPrecision precision, c
 
 // The kernel of an (element type, precision), through one TU per (kernel, tile):
 //   bf16 / fp16: A, B in that type; fp32 at kTF32: A, B fp32, TF32 tensor-core MMA;
-//   fp32 at k3xTF32: 3xTF32 (kernels/sm90/mainloop_3xtf32.hpp), fp32-grade accuracy; its one tile is
-//   k3xTf32Tile, so args.tile must be that.
+//   fp32 at k3xTF32: 3xTF32, fp32-grade accuracy; its one tile is k3xTf32Tile, so args.tile must be
+//   that. By default the presplit kernel (gemm_stats_sm90_3xtf32_presplit.cu: x's small parts written
+//   by a pass into the workspace, M x K floats of it); with FUSED_3XTF32_IN_LOOP_SPLIT=1 the kernel that
+//   splits W's tiles in the loop (kernels/sm90/mainloop_3xtf32.hpp), for A/B runs.
 // fp32 at kHighest has no sm90 kernel (kNotSupported).
 // Requirements (else kNotSupported / kInvalidArgument, nothing launched): K, ldx, ldw multiples of
 // 16 bytes; N, ldy multiples of 4; x, w, y 16-byte aligned; M, N, K < 2^31; partials either both
@@ -90,6 +92,7 @@ FUSED_SM90_INSTANCE(bf16_128x128_splitk)
 FUSED_SM90_INSTANCE(fp16_128x128_splitk)
 FUSED_SM90_INSTANCE(tf32_128x128_splitk)
 FUSED_SM90_INSTANCE(3xtf32_128x128)
+FUSED_SM90_INSTANCE(3xtf32_presplit_128x128)
 #undef FUSED_SM90_INSTANCE
 }  // namespace instances
 

@@ -2,6 +2,7 @@
 #include "kernels/sm90/split_small_parts_3xtf32.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "fused/detail/tf32_split.h"
 #include "util/cuda_check.h"
@@ -53,6 +54,14 @@ __global__ void __launch_bounds__(256) transpose_split_kernel(const float* __res
 }
 
 }  // namespace
+
+bool presplit_3xtf32() {
+  static const bool in_loop = [] {
+    const char* v = std::getenv("FUSED_3XTF32_IN_LOOP_SPLIT");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return !in_loop;
+}
 
 Status transpose_split_small_parts_3xtf32(const float* at, int64_t rows, int64_t cols, int64_t ldat, float* a,
                                           float* small, int64_t ld, uint32_t* special, cudaStream_t stream) {

@@ -10,6 +10,11 @@
 
 namespace fused::sm90 {
 
+// Whether the 3xTF32 kernels take their shared-memory operand's small parts from a pass (the
+// default) or split them in the loop: FUSED_3XTF32_IN_LOOP_SPLIT=1 in the environment (read once)
+// picks the latter, for A/B runs. The one place that reads the switch.
+bool presplit_3xtf32();
+
 // small (rows, cols), dense (row stride cols) = fused::tf32::small_toward_zero of every element of
 // a (rows, cols) with row stride lda; *special = 1 if a holds inf or NaN, else 0 (the pass zeroes it
 // first). Needs cols and lda multiples of 4 and a, small 16-byte aligned (what the GEMM's TMA copies
