@@ -125,12 +125,24 @@ struct Mainloop3xTf32Presplit : Base {
     return {base.tma_load_a, base.tma_load_b, tma_load_b_small, TmaTransactionBytes, args.b_special};
   }
 
+  // What TMA needs: 16-byte aligned base addresses and strides. Unlike CUTLASS's check, the extents
+  // along the contiguous modes may be any (the backward's dW has K = the batch, often odd): TMA reads
+  // zeros past them.
+  template <class Stride>
+  static bool strides_aligned(Stride const& stride) {
+    bool ok = true;
+    for_each(stride, [&](auto s) {
+      if constexpr (!is_static_v<decltype(s)>) ok = ok && (int64_t(s) * 4) % 16 == 0;
+    });
+    return ok;
+  }
+  static bool aligned16(void const* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
   template <class ProblemShape>
-  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
-    auto [M, N, K, L] = append<4>(problem_shape, 1);
-    constexpr int kMinAlignedB = 128 / cutlass::sizeof_bits<ElementB>::value;
-    return Base::can_implement(problem_shape, base_arguments(args)) && args.b_special != nullptr &&
-           cutlass::detail::check_alignment<kMinAlignedB>(make_shape(N, K, L), args.dB_small);
+  static bool can_implement(ProblemShape const&, Arguments const& args) {
+    static_assert(sizeof(ElementA) == 4 && sizeof(ElementB) == 4, "32-bit words");
+    return args.b_special != nullptr && aligned16(args.ptr_A) && aligned16(args.ptr_B) && aligned16(args.ptr_B_small) &&
+           strides_aligned(args.dA) && strides_aligned(args.dB) && strides_aligned(args.dB_small);
   }
 
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
