@@ -39,6 +39,7 @@ struct Case {
 using fused::sm90::SmallParts;
 const char* form(const Case& s) {
   const bool presplit = s.small_parts == SmallParts::kPresplit;
+  if (s.small_parts == SmallParts::kDefault) return s.a_transposed ? " (a transposed, default form)" : " (default form)";
   return s.a_transposed   ? (presplit ? " (a transposed, presplit)" : " (a transposed, in-loop transpose and split)")
          : s.b_transposed ? " (presplit, b transposed)"
          : presplit       ? " (presplit)"
@@ -145,9 +146,12 @@ TEST(Sm90Gemm3xTf32RowMajor, ForwardFormShapes) {
 // as stored (the transposed a), batches that are not a multiple of 4 or of the 32-row k-tile included.
 TEST(Sm90Gemm3xTf32RowMajor, DwShapes) {
   if (!have_sm90()) GTEST_SKIP() << "needs a CUDA device of compute capability 9.x";
-  for (const SmallParts parts : {SmallParts::kPresplit, SmallParts::kInLoop})
+  for (const SmallParts parts : {SmallParts::kDefault, SmallParts::kPresplit, SmallParts::kInLoop})
     for (Case s : {Case{"dW", 1000, 260, 1024, true}, Case{"dW", 136, 4100, 68, true}, Case{"dW", 64, 128, 12, true},
                    Case{"dW", 132, 200, 1027, true}, Case{"dW", 260, 68, 3, true}, Case{"dW", 1000, 260, 1024}}) {
+      // Below 1024 terms the library runs a given transposed in the in-loop form, the more accurate
+      // over short sums (gemm_3xtf32_row_major.cu); the presplit form is held to the bounds where it runs.
+      if (parts == SmallParts::kPresplit && s.a_transposed && s.k < 1024) continue;
       s.small_parts = parts;
       expect_as_accurate_as_exact_fp32(s);
     }

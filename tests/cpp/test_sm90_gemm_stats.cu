@@ -429,6 +429,18 @@ TEST(Sm90GemmStats, Tf32TensorCoresRoundRawFp32OperandsToNearest) {
   EXPECT_TRUE(subnormal_product == 0.0f || subnormal_product == std::ldexp(1.0f, -30)) << subnormal_product;
 }
 
+// Both 3xTF32 forward kernels: the presplit one (run_gemm_stats's default: x's small parts from a pass,
+// y^T = W x^T with row partials) and the one that splits W's tiles in the loop (its form under
+// FUSED_3XTF32_IN_LOOP_SPLIT=1), each through its own entry point.
+struct Forward3xTf32Kernel {
+  const char* name;
+  std::size_t (*workspace)(const sm90::GemmStatsArgs&);
+  Status (*run)(const sm90::GemmStatsArgs&, void*, cudaStream_t);
+};
+const Forward3xTf32Kernel kForward3xTf32Kernels[] = {
+    {"presplit", sm90::instances::workspace_3xtf32_presplit_128x128, sm90::instances::run_3xtf32_presplit_128x128},
+    {"in-loop split", sm90::instances::workspace_3xtf32_128x128, sm90::instances::run_3xtf32_128x128}};
+
 // The 3xTF32 kernel: y against float64, next to the same problem's exact-fp32 error (a sequential
 // fp32 dot product per element, on the host) and the 1xTF32 kernel's. N(0,1) operands times
 // 10^U(-d, d) (magnitudes spread over 2d decades, mixed signs), d = 3 and 8. Asserted:
@@ -440,9 +452,10 @@ TEST(Sm90GemmStats, Tf32TensorCoresRoundRawFp32OperandsToNearest) {
 // Prints the three errors.
 TEST(Sm90Gemm3xTf32, AsAccurateAsExactFp32) {
   SKIP_UNLESS_SM90();
+  for (const Forward3xTf32Kernel& kernel : kForward3xTf32Kernels)
   for (const int decades : {3, 8})
   for (const int64_t K : {int64_t{64}, int64_t{1024}, int64_t{4096}, int64_t{8192}, int64_t{65536}}) {
-    SCOPED_TRACE("K=" + std::to_string(K) + " decades=" + std::to_string(decades));
+    SCOPED_TRACE(std::string(kernel.name) + " K=" + std::to_string(K) + " decades=" + std::to_string(decades));
     if (decades == 8 && K == 65536) continue;  // the host references' time; d = 3 covers this K
     const int64_t M = K > 8192 ? 128 : 256, N = M;
     std::mt19937 rng(77u + unsigned(K) + unsigned(decades));
@@ -478,9 +491,10 @@ TEST(Sm90Gemm3xTf32, AsAccurateAsExactFp32) {
     a.partials = {dmean.ptr, dm2.ptr, row_tiles, 128, ld};
     auto run = [&](bool three, std::vector<float>& y) {
       CUDA_OK(cudaMemset(dy.ptr, 0xFF, M * N * 4));  // NaN: unwritten elements show
-      const MatmulPrecision precision = three ? MatmulPrecision::k3xTF32 : MatmulPrecision::kTF32;
-      DeviceBuffer<uint8_t> ws(std::max<size_t>(sm90::gemm_workspace_bytes(ElementType::kFloat32, precision, a), 1));
-      const Status st = sm90::run_gemm_stats(ElementType::kFloat32, precision, a, ws.ptr, nullptr);
+      DeviceBuffer<uint8_t> ws(std::max<size_t>(
+          three ? kernel.workspace(a) : sm90::gemm_workspace_bytes(ElementType::kFloat32, MatmulPrecision::kTF32, a), 1));
+      const Status st = three ? kernel.run(a, ws.ptr, nullptr)
+                              : sm90::run_gemm_stats(ElementType::kFloat32, MatmulPrecision::kTF32, a, ws.ptr, nullptr);
       ASSERT_TRUE(st.ok()) << st.message;
       CUDA_OK(cudaDeviceSynchronize());
       y.resize(M * N);
@@ -501,8 +515,8 @@ TEST(Sm90Gemm3xTf32, AsAccurateAsExactFp32) {
     CUDA_OK(cudaMemcpy(mean.data(), dmean.ptr, mean.size() * 4, cudaMemcpyDeviceToHost));
     run(true, y3_again);
     const double e3 = rel(y3), e32 = rel(exact32), e1 = rel(y1);
-    std::printf("3xTF32 K=%lld, 10^+-%d: rel err %.3g (exact fp32 %.3g, 1xTF32 %.3g)\n", (long long)K, decades, e3, e32,
-                e1);
+    std::printf("3xTF32 (%s) K=%lld, 10^+-%d: rel err %.3g (exact fp32 %.3g, 1xTF32 %.3g)\n", kernel.name, (long long)K,
+                decades, e3, e32, e1);
     for (int64_t i = 0; i < M * N; ++i) ASSERT_TRUE(std::isfinite(y3[i])) << "y[" << i << "] unwritten or not finite";
     EXPECT_EQ(std::memcmp(y3.data(), y3_again.data(), y3.size() * 4), 0) << "two runs differ";
     EXPECT_LE(e3, K >= 1024 ? e32 : 3 * e32);
@@ -527,8 +541,8 @@ TEST(Sm90Gemm3xTf32, AsAccurateAsExactFp32) {
 // and the finite ones stay accurate. `spread`: one special every 37th row of x and every 41st of W,
 // at columns that reach every k-tile, so that a grid of more tiles than SMs meets them in every tile
 // of a CTA, at every position of the mainloop's ring of B's parts (K = 160: 5 k-tiles a tile).
-void check_3xtf32_special_values(int64_t M, int64_t N, int64_t K, bool spread) {
-  SCOPED_TRACE(::testing::Message() << M << "x" << N << "x" << K);
+void check_3xtf32_special_values(const Forward3xTf32Kernel& kernel, int64_t M, int64_t N, int64_t K, bool spread) {
+  SCOPED_TRACE(::testing::Message() << kernel.name << " " << M << "x" << N << "x" << K);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> x(M * K), w(N * K);
@@ -556,9 +570,8 @@ void check_3xtf32_special_values(int64_t M, int64_t N, int64_t K, bool spread) {
   a.w = dw.ptr; a.ldw = K;
   a.y = dy.ptr; a.ldy = N;
   a.tile = sm90::k3xTf32Tile;
-  DeviceBuffer<uint8_t> ws(
-      std::max<size_t>(sm90::gemm_workspace_bytes(ElementType::kFloat32, MatmulPrecision::k3xTF32, a), 1));
-  const Status st = sm90::run_gemm_stats(ElementType::kFloat32, MatmulPrecision::k3xTF32, a, ws.ptr, nullptr);
+  DeviceBuffer<uint8_t> ws(std::max<size_t>(kernel.workspace(a), 1));
+  const Status st = kernel.run(a, ws.ptr, nullptr);
   ASSERT_TRUE(st.ok()) << st.message;
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> y(M * N);
@@ -593,8 +606,10 @@ void check_3xtf32_special_values(int64_t M, int64_t N, int64_t K, bool spread) {
 
 TEST(Sm90Gemm3xTf32, SpecialValuesAsInFp32) {
   SKIP_UNLESS_SM90();
-  check_3xtf32_special_values(128, 128, 64, false);
-  check_3xtf32_special_values(2048, 2048, 160, true);  // 256 tiles: two per CTA on most SMs
+  for (const Forward3xTf32Kernel& kernel : kForward3xTf32Kernels) {
+    check_3xtf32_special_values(kernel, 128, 128, 64, false);
+    check_3xtf32_special_values(kernel, 2048, 2048, 160, true);  // 256 tiles: two per CTA on most SMs
+  }
 }
 
 // The tile rule (no GPU needed): split K where the 128x128 grid fills at most half the SMs and K has

@@ -38,84 +38,22 @@
 // the stock Sm90RowReduction's `m /= 2` loops are not unrolled by nvcc 13 and spill to local memory.
 #pragma once
 
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
-#include "cute/tensor.hpp"
+#include "kernels/epilogue/sm90_partials_common.hpp"
 
 namespace fused::epilogue {
 
-using namespace cute;
-using cutlass::epilogue::fusion::ConsumerStoreArgs;
-using cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks;
-using cutlass::epilogue::fusion::EmptyProducerLoadCallbacks;
-using cutlass::epilogue::fusion::ProducerLoadArgs;
-using cutlass::Array;
-using cutlass::NumThreadsPerWarp;
-using cutlass::canonical_lane_idx;
-
 template <
   class CtaTileShapeMNK_,      // (CTA_M,CTA_N,CTA_K), static; fixes the partials format
-  class ElementBias_,          // element type of the bias folded into the reported mean (may be null)
-  bool EnableNullptr_ = true   // ptr_mean == nullptr at run time: the node is a pure pass-through
+  class ElementBias_           // element type of the bias folded into the reported mean (may be null)
 >
-struct Sm90ColumnPartials {
+struct Sm90ColumnPartials : detail::PartialsNodeBase<ElementBias_> {
+  using Base = detail::PartialsNodeBase<ElementBias_>;
+  using Base::Base;
+  using typename Base::Params;
   using CtaTileShapeMNK = CtaTileShapeMNK_;
-  using ElementBias = ElementBias_;
-  using ElementCompute = float;
-  static constexpr bool EnableNullptr = EnableNullptr_;
   static constexpr int CtaM = size<0>(CtaTileShapeMNK{});
   static constexpr int CtaN = size<1>(CtaTileShapeMNK{});
   static_assert(is_static_v<CtaTileShapeMNK>, "CTA tile must be static");
-
-  struct SharedStorage { };
-
-  struct Arguments {
-    float* ptr_mean = nullptr;               // (ceil(M/CTA_M), round_up(N,CTA_N)) n-major, or null
-    float* ptr_m2 = nullptr;                 // same layout as ptr_mean
-    ElementBias const* ptr_bias = nullptr;   // (N) added to the reported mean, or null
-  };
-
-  using Params = Arguments;
-
-  template <class ProblemShape>
-  static constexpr Params
-  to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-
-  template <class ProblemShape>
-  static bool
-  can_implement(ProblemShape const&, Arguments const& args) {
-    return (args.ptr_mean == nullptr) == (args.ptr_m2 == nullptr) &&
-           (EnableNullptr || args.ptr_mean != nullptr);
-  }
-
-  template <class ProblemShape>
-  static size_t
-  get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status
-  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                       cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  CUTLASS_HOST_DEVICE Sm90ColumnPartials() { }
-  CUTLASS_HOST_DEVICE Sm90ColumnPartials(Params const& params, SharedStorage const&) : params(params) { }
-
-  Params params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto
-  get_producer_load_callbacks(ProducerLoadArgs<Args...> const&) {
-    return EmptyProducerLoadCallbacks{};
-  }
 
   template <
     class RTensor,          // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) fp32 registers, stride 0 over the M modes
@@ -158,9 +96,7 @@ struct Sm90ColumnPartials {
     int thread_idx;
     Params const& params;
 
-    CUTLASS_DEVICE bool enabled() const {
-      return not EnableNullptr || params.ptr_mean != nullptr;
-    }
+    CUTLASS_DEVICE bool enabled() const { return params.ptr_mean != nullptr; }
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE Array<ElementInput, FragmentSize>
@@ -182,18 +118,13 @@ struct Sm90ColumnPartials {
         bool valid = get<0>(tCcD_mn(idx)) < get<0>(residue_tCcD);                // row < M
         if (tCoD_mn(idx) == 0) {
           // First visit (every lane's, here: the shuffles are convergent): the shift, the median of
-          // the warp's first three rows in this column. A row past M offers NaN, which the median's
-          // fminf / fmaxf pass over; row 0 is valid whenever the warp has a valid row.
-          float offer = valid ? v : __int_as_float(0x7fc00000);
-          float r0 = __shfl_sync(0xFFFFFFFF, offer, row0_lane);
-          float r1 = __shfl_sync(0xFFFFFFFF, offer, row0_lane + int(lane_layout_MN(_1{}, _0{})));
-          float r2 = __shfl_sync(0xFFFFFFFF, offer, row0_lane + int(lane_layout_MN(_2{}, _0{})));
-          tCrK_mn(idx) = fmaxf(fminf(r0, r1), fminf(fmaxf(r0, r1), r2));
+          // the warp's first three rows in this column; row 0 is valid whenever the warp has a valid row.
+          tCrK_mn(idx) = detail::median_of_three_lanes(valid ? v : __int_as_float(0x7fc00000), row0_lane,
+                                                       row0_lane + int(lane_layout_MN(_1{}, _0{})),
+                                                       row0_lane + int(lane_layout_MN(_2{}, _0{})));
         }
         if (valid) {
-          float d = v - tCrK_mn(idx);
-          tCrS1_mn(idx) += d;
-          tCrS2_mn(idx) = fmaf(d, d, tCrS2_mn(idx));
+          detail::add_shifted(v, tCrK_mn(idx), tCrS1_mn(idx), tCrS2_mn(idx));
         }
       }
       return frg_input;
@@ -313,10 +244,8 @@ struct Sm90ColumnPartials {
           S1 += nw > 0 ? fmaf(fnw, d, s1) : 0.0f;
           n += nw;
         });
-        float inv_n = 1.0f / float(n);
-        float m2 = S2 - S1 * S1 * inv_n;
-        m2 = m2 < 0.0f ? 0.0f : m2;                                              // keeps NaN
-        float mean = C + S1 * inv_n;
+        float mean, m2;
+        detail::mean_and_m2(C, S1, S2, 1.0f / float(n), mean, m2);
         int gcol = n_tile * CtaN + col;
         if (params.ptr_bias != nullptr && gcol < N) {
           mean += static_cast<float>(params.ptr_bias[gcol]);
@@ -337,54 +266,14 @@ struct Sm90ColumnPartials {
   >
   CUTLASS_DEVICE auto
   get_consumer_store_callbacks(ConsumerStoreArgs<Args...> const& args) {
-    // Lane and warp layouts over the epilogue tile, exactly as Sm90RowReduction derives them.
-    Layout ref_layout_MN = [&] () {
-      auto mn_shape = shape(typename decltype(args.tiled_copy)::Tiler_MN{});
-      if constexpr (ReferenceSrc) { return right_inverse(args.tiled_copy.get_layoutS_TV()).with_shape(mn_shape); }
-      else                        { return right_inverse(args.tiled_copy.get_layoutD_TV()).with_shape(mn_shape); }
-    }();                                                                                        // tile_mn -> tv_idx
-    using _W = Int<decltype(args.tiled_copy)::TiledNumThr::value / NumThreadsPerWarp>;
-    Layout tv2lane = Layout<Shape<Int<NumThreadsPerWarp>,_W,_1>,Stride<_1,_0,_0>>{};           //   tv_idx -> lane_idx
-    Layout ref2lane = composition(tv2lane, ref_layout_MN);                                     //  tile_mn -> lane_idx
-    Layout lane_layout_MN = make_layout(filter(get<0>(ref2lane)), filter(get<1>(ref2lane)));   //  lane_mn -> lane_idx
-    Layout inv_lane_layout_MN = right_inverse(lane_layout_MN);                                 // lane_idx -> lane_mn
-    int lane_idx = canonical_lane_idx();
-    auto lane_mn = idx2crd(inv_lane_layout_MN(lane_idx), shape(lane_layout_MN));
-
-    Layout tv2warp = Layout<Shape<Int<NumThreadsPerWarp>,_W,_1>,Stride<_0,_1,_0>>{};           //   tv_idx -> warp_idx
-    Layout ref2warp = composition(tv2warp, ref_layout_MN);                                     //  tile_mn -> warp_idx
-    Layout warp_layout_MN = make_layout(filter(get<0>(ref2warp)), filter(get<1>(ref2warp)));   //  warp_mn -> warp_idx
-    Layout inv_warp_layout_MN = right_inverse(warp_layout_MN);                                 // warp_idx -> warp_mn
-    int warp_idx = args.thread_idx / NumThreadsPerWarp;
-    auto warp_mn = idx2crd(inv_warp_layout_MN(warp_idx), shape(warp_layout_MN));
-
+    auto [lane_layout_MN, lane_mn, warp_layout_MN, warp_mn] =
+        detail::lane_and_warp_layouts<ReferenceSrc>(args.tiled_copy, args.thread_idx);
     auto [M, N, K, L] = args.problem_shape_mnkl;
     auto [m, n, k, l] = args.tile_coord_mnkl;
-    auto cta_mn = take<0,2>(args.tile_shape_mnk);
-
-    // Row-broadcast reference (stride 0 along M): its register image holds one value per column.
-    Tensor gRowRef = make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)),
-                                 make_layout(cta_mn, make_stride(_0{}, _1{})));                 // (CTA_M,CTA_N)
-    Tensor tCgRow = cutlass::epilogue::fusion::sm90_partition_for_epilogue<ReferenceSrc>(
-                      gRowRef, args.epi_tile, args.tiled_copy, args.thread_idx);             // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
-    Tensor tCrK = make_tensor_like<float>(tCgRow);                                            // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
-    Tensor tCrS1 = make_tensor_like<float>(tCgRow);
-    Tensor tCrS2 = make_tensor_like<float>(tCgRow);
-    fill(tCrK, 0.0f);
-    fill(tCrS1, 0.0f);
-    fill(tCrS2, 0.0f);
-
-    // Column-broadcast reference (stride 0 along N), numbered compactly in *mode* order: the
-    // collective visits (CPY,CPY_M,CPY_N) colexicographically and then EPI_M in increasing order,
-    // so ordinal 0 is the first element of each column that the thread visits.
-    Tensor gColRef = make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)),
-                                 make_layout(cta_mn, make_stride(_1{}, _0{})));                 // (CTA_M,CTA_N)
-    Tensor tCgCol = cutlass::epilogue::fusion::sm90_partition_for_epilogue<ReferenceSrc>(
-                      gColRef, args.epi_tile, args.tiled_copy, args.thread_idx);             // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
-    auto ord_layout = make_layout(tCgCol.shape(),
-                                  compact_col_major(filter_zeros(tCgCol.stride(), tCgCol.shape())));
-    Tensor tCoD = make_coord_tensor(ord_layout);                                              // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
-    static_assert(is_static_v<decltype(ord_layout)>, "ordinal layout must be static");
+    // One register per column (stride 0 along M), and each element's visit ordinal in its column.
+    auto [tCrK, tCrS1, tCrS2, tCoD] = detail::line_registers_and_ordinals<ReferenceSrc>(
+        take<0,2>(args.tile_shape_mnk), make_stride(_0{}, _1{}), make_stride(_1{}, _0{}), args.epi_tile,
+        args.tiled_copy, args.thread_idx);
     static_assert(is_static_v<decltype(args.tCcD.layout())>, "thread coordinates must be static");
 
     bool cta_has_rows = elem_less(args.cD(_0{},_0{}), args.residue_cD);
@@ -395,7 +284,7 @@ struct Sm90ColumnPartials {
                                   decltype(args.tiled_copy)>(
       cute::move(tCrK), cute::move(tCrS1), cute::move(tCrS2), args.tCcD, tCoD, args.residue_tCcD,
       lane_layout_MN, int(get<0>(lane_mn)), int(lane_layout_MN(_0{}, get<1>(lane_mn))), warp_layout_MN, int(get<0>(warp_mn)), cta_has_rows,
-      int(m), int(n), int(N), args.epi_tile, args.tiled_copy, args.thread_idx, params);
+      int(m), int(n), int(N), args.epi_tile, args.tiled_copy, args.thread_idx, this->params);
   }
 };
 

@@ -23,12 +23,7 @@
 //   Sm90EVT<Sm90Compute<plus>, Sm90EVT<Sm90RowPartials<...>, Sm90AccFetch>, Sm90ColBroadcast<bias>>
 #pragma once
 
-#include "cutlass/cutlass.h"
-#include "cutlass/numeric_conversion.h"
-#include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
-#include "cute/tensor.hpp"
-
-#include "kernels/epilogue/sm90_column_partials.hpp"
+#include "kernels/epilogue/sm90_partials_common.hpp"
 
 namespace fused::epilogue {
 
@@ -36,52 +31,14 @@ template <
   class CtaTileShapeMNK_,      // (CTA_M,CTA_N,CTA_K), static; fixes the partials format
   class ElementBias_           // element type of the bias folded into the reported mean (may be null)
 >
-struct Sm90RowPartials {
+struct Sm90RowPartials : detail::PartialsNodeBase<ElementBias_> {
+  using Base = detail::PartialsNodeBase<ElementBias_>;
+  using Base::Base;
+  using typename Base::Params;
   using CtaTileShapeMNK = CtaTileShapeMNK_;
-  using ElementBias = ElementBias_;
   static constexpr int CtaM = size<0>(CtaTileShapeMNK{});
   static constexpr int CtaN = size<1>(CtaTileShapeMNK{});
   static_assert(is_static_v<CtaTileShapeMNK>, "CTA tile must be static");
-
-  struct SharedStorage { };
-
-  struct Arguments {
-    float* ptr_mean = nullptr;               // (ceil(N/CTA_N), round_up(M,CTA_M)) m-major, or null
-    float* ptr_m2 = nullptr;                 // same layout as ptr_mean
-    ElementBias const* ptr_bias = nullptr;   // (M) added to the reported mean, or null
-  };
-
-  using Params = Arguments;
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
-
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const& args) {
-    return (args.ptr_mean == nullptr) == (args.ptr_m2 == nullptr);
-  }
-
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  CUTLASS_HOST_DEVICE Sm90RowPartials() { }
-  CUTLASS_HOST_DEVICE Sm90RowPartials(Params const& params, SharedStorage const&) : params(params) { }
-
-  Params params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(ProducerLoadArgs<Args...> const&) {
-    return EmptyProducerLoadCallbacks{};
-  }
 
   template <
     class RTensor,          // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) fp32 registers, stride 0 over the N modes
@@ -135,18 +92,14 @@ struct Sm90RowPartials {
         bool valid = get<1>(tCcD_mn(idx)) < get<1>(residue_tCcD);                // column < N
         if (tCoD_mn(idx) == 0) {
           // First visit of the row (the same element index in every lane: convergent shuffles): the
-          // median of the first values of the three lanes holding the row's first columns. A column
-          // past N offers NaN, which fminf / fmaxf pass over; column 0 is valid in a CTA with columns.
-          float offer = valid ? v : __int_as_float(0x7fc00000);
-          float r0 = __shfl_sync(0xFFFFFFFF, offer, col0_lane);
-          float r1 = __shfl_sync(0xFFFFFFFF, offer, col0_lane + int(lane_layout_MN(_0{}, _1{})));
-          float r2 = __shfl_sync(0xFFFFFFFF, offer, col0_lane + int(lane_layout_MN(_0{}, _2{})));
-          tCrK_mn(idx) = fmaxf(fminf(r0, r1), fminf(fmaxf(r0, r1), r2));
+          // median of the first values of the three lanes holding the row's first columns; column 0
+          // is valid in a CTA with columns.
+          tCrK_mn(idx) = detail::median_of_three_lanes(valid ? v : __int_as_float(0x7fc00000), col0_lane,
+                                                       col0_lane + int(lane_layout_MN(_0{}, _1{})),
+                                                       col0_lane + int(lane_layout_MN(_0{}, _2{})));
         }
         if (valid) {
-          float d = v - tCrK_mn(idx);
-          tCrS1_mn(idx) += d;
-          tCrS2_mn(idx) = fmaf(d, d, tCrS2_mn(idx));
+          detail::add_shifted(v, tCrK_mn(idx), tCrS1_mn(idx), tCrS2_mn(idx));
         }
       }
       return frg_input;
@@ -189,9 +142,8 @@ struct Sm90RowPartials {
       const float inv_n = 1.0f / float(n_thr);
       for_each(make_int_sequence<Elements>{}, [&](auto e) {
         if (tCoD(e) == 0) {
-          float m2 = tCrS2(e) - tCrS1(e) * tCrS1(e) * inv_n;
-          m2 = m2 < 0.0f ? 0.0f : m2;                                            // keeps NaN
-          float mean = tCrK(e) + tCrS1(e) * inv_n;
+          float mean, m2;
+          detail::mean_and_m2(tCrK(e), tCrS1(e), tCrS2(e), inv_n, mean, m2);
           int grow = m_tile * CtaM + thread_row0 + int(get<0>(tCcD(e)));
           if (params.ptr_bias != nullptr && grow < M) {
             mean += static_cast<float>(params.ptr_bias[grow]);
@@ -209,51 +161,16 @@ struct Sm90RowPartials {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto
   get_consumer_store_callbacks(ConsumerStoreArgs<Args...> const& args) {
-    // Lane and warp layouts over the epilogue tile, as Sm90ColumnPartials (and CUTLASS's reductions) derive them.
-    Layout ref_layout_MN = [&] () {
-      auto mn_shape = shape(typename decltype(args.tiled_copy)::Tiler_MN{});
-      if constexpr (ReferenceSrc) { return right_inverse(args.tiled_copy.get_layoutS_TV()).with_shape(mn_shape); }
-      else                        { return right_inverse(args.tiled_copy.get_layoutD_TV()).with_shape(mn_shape); }
-    }();                                                                                        // tile_mn -> tv_idx
-    using _W = Int<decltype(args.tiled_copy)::TiledNumThr::value / NumThreadsPerWarp>;
-    Layout tv2lane = Layout<Shape<Int<NumThreadsPerWarp>,_W,_1>,Stride<_1,_0,_0>>{};           //   tv_idx -> lane_idx
-    Layout ref2lane = composition(tv2lane, ref_layout_MN);                                     //  tile_mn -> lane_idx
-    Layout lane_layout_MN = make_layout(filter(get<0>(ref2lane)), filter(get<1>(ref2lane)));   //  lane_mn -> lane_idx
-    Layout inv_lane_layout_MN = right_inverse(lane_layout_MN);                                 // lane_idx -> lane_mn
-    auto lane_mn = idx2crd(inv_lane_layout_MN(canonical_lane_idx()), shape(lane_layout_MN));
-
-    Layout tv2warp = Layout<Shape<Int<NumThreadsPerWarp>,_W,_1>,Stride<_0,_1,_0>>{};           //   tv_idx -> warp_idx
-    Layout ref2warp = composition(tv2warp, ref_layout_MN);                                     //  tile_mn -> warp_idx
-    Layout warp_layout_MN = make_layout(filter(get<0>(ref2warp)), filter(get<1>(ref2warp)));   //  warp_mn -> warp_idx
+    auto [lane_layout_MN, lane_mn, warp_layout_MN, warp_mn] =
+        detail::lane_and_warp_layouts<ReferenceSrc>(args.tiled_copy, args.thread_idx);
     static_assert(decltype(size<1>(warp_layout_MN))::value == 1,
                   "a row of the epilogue tile must lie in one warp (the reduction has no cross-warp step)");
-
     auto [M, N, K, L] = args.problem_shape_mnkl;
     auto [m, n, k, l] = args.tile_coord_mnkl;
-    auto cta_mn = take<0,2>(args.tile_shape_mnk);
-
-    // Column-broadcast reference (stride 0 along N): its register image holds one value per row.
-    Tensor gColRef = make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)),
-                                 make_layout(cta_mn, make_stride(_1{}, _0{})));                 // (CTA_M,CTA_N)
-    Tensor tCgCol = cutlass::epilogue::fusion::sm90_partition_for_epilogue<ReferenceSrc>(
-                      gColRef, args.epi_tile, args.tiled_copy, args.thread_idx);             // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
-    Tensor tCrK = make_tensor_like<float>(tCgCol);
-    Tensor tCrS1 = make_tensor_like<float>(tCgCol);
-    Tensor tCrS2 = make_tensor_like<float>(tCgCol);
-    fill(tCrK, 0.0f);
-    fill(tCrS1, 0.0f);
-    fill(tCrS2, 0.0f);
-
-    // Row-broadcast reference (stride 0 along M), numbered compactly in mode order: ordinal 0 is the
-    // first element of each row that the thread visits (the collective visits the modes in order).
-    Tensor gRowRef = make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)),
-                                 make_layout(cta_mn, make_stride(_0{}, _1{})));                 // (CTA_M,CTA_N)
-    Tensor tCgRow = cutlass::epilogue::fusion::sm90_partition_for_epilogue<ReferenceSrc>(
-                      gRowRef, args.epi_tile, args.tiled_copy, args.thread_idx);             // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
-    auto ord_layout = make_layout(tCgRow.shape(),
-                                  compact_col_major(filter_zeros(tCgRow.stride(), tCgRow.shape())));
-    Tensor tCoD = make_coord_tensor(ord_layout);                                              // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
-    static_assert(is_static_v<decltype(ord_layout)>, "ordinal layout must be static");
+    // One register per row (stride 0 along N), and each element's visit ordinal in its row.
+    auto [tCrK, tCrS1, tCrS2, tCoD] = detail::line_registers_and_ordinals<ReferenceSrc>(
+        take<0,2>(args.tile_shape_mnk), make_stride(_1{}, _0{}), make_stride(_0{}, _1{}), args.epi_tile,
+        args.tiled_copy, args.thread_idx);
     static_assert(is_static_v<decltype(args.tCcD.layout())>, "thread coordinates must be static");
 
     bool cta_has_cols = elem_less(args.cD(_0{},_0{}), args.residue_cD);
@@ -264,7 +181,7 @@ struct Sm90RowPartials {
                                   decltype(args.residue_tCcD), decltype(lane_layout_MN)>(
       cute::move(tCrK), cute::move(tCrS1), cute::move(tCrS2), args.tCcD, tCoD, args.residue_tCcD,
       lane_layout_MN, int(get<1>(lane_mn)), int(lane_layout_MN(get<0>(lane_mn), _0{})), thread_row0, cta_has_cols,
-      int(m), int(n), int(M), params);
+      int(m), int(n), int(M), this->params);
   }
 };
 

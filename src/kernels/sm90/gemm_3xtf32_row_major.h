@@ -26,7 +26,9 @@ namespace fused::sm90 {
 //              H100 at dx = dy W 1024 x 8192 x 8192, 1.00 ms against 1.39 ms in the loop;
 //   kInLoop:   the consumers split each tile of a in shared memory (mainloop_3xtf32.hpp) and, given
 //              transposed, transpose it there too: no memory beyond the kernel's own workspace.
-// kDefault is kPresplit unless FUSED_3XTF32_IN_LOOP_SPLIT=1 is set (presplit_3xtf32()), for A/B runs.
+// kDefault is kPresplit unless FUSED_3XTF32_IN_LOOP_SPLIT=1 is set (presplit_3xtf32(), for A/B runs),
+// or a is given transposed with k < 1024 (dW at a small batch: the in-loop form is the more accurate
+// over short sums, see gemm_3xtf32_row_major.cu).
 enum class SmallParts { kDefault, kPresplit, kInLoop };
 
 std::size_t gemm_3xtf32_row_major_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed,

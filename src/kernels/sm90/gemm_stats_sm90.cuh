@@ -414,10 +414,9 @@ Status make_arguments(const GemmStatsArgs& a, const SchedulerOptions& sched, typ
   return Status::Ok();
 }
 
-template <class KC>
-std::size_t kernel_workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sched = {}) {
-  // The workspace depends on the problem shape only: the caller may ask before it has buffers,
-  // so stand in aligned non-null pointers and dense strides where none are given yet.
+// The workspace depends on the problem shape only: the caller may ask before it has buffers, so
+// a workspace query stands in aligned non-null pointers and dense strides where none are given yet.
+inline GemmStatsArgs with_stand_ins(GemmStatsArgs a) {
   void* const stand_in = reinterpret_cast<void*>(std::uintptr_t{256});
   if (a.x == nullptr) a.x = stand_in;
   if (a.w == nullptr) a.w = stand_in;
@@ -425,9 +424,14 @@ std::size_t kernel_workspace_bytes(GemmStatsArgs a, const SchedulerOptions& sche
   if (a.ldx == 0) a.ldx = a.K;
   if (a.ldw == 0) a.ldw = a.K;
   if (a.ldy == 0) a.ldy = a.N;
+  return a;
+}
+
+template <class KC>
+std::size_t kernel_workspace_bytes(const GemmStatsArgs& given, const SchedulerOptions& sched = {}) {
   using Gemm = typename KC::Gemm;
   typename Gemm::Arguments args;
-  if (!make_arguments<KC>(a, sched, args).ok()) return 0;
+  if (!make_arguments<KC>(with_stand_ins(given), sched, args).ok()) return 0;
   return Gemm::get_workspace_size(args);
 }
 

@@ -82,16 +82,10 @@ struct GemmStats3xTf32PresplitKernel {
     return Status::Ok();
   }
 
-  static std::size_t workspace_bytes(GemmStatsArgs a) {
-    void* const stand_in = reinterpret_cast<void*>(std::uintptr_t{256});
-    if (a.x == nullptr) a.x = stand_in;
-    if (a.w == nullptr) a.w = stand_in;
-    if (a.y == nullptr) a.y = static_cast<float*>(stand_in);
-    if (a.ldx == 0) a.ldx = a.K;
-    if (a.ldw == 0) a.ldw = a.K;
-    if (a.ldy == 0) a.ldy = a.N;
+  static std::size_t workspace_bytes(const GemmStatsArgs& given) {
+    const GemmStatsArgs a = with_stand_ins(given);
     typename Gemm::Arguments args;
-    if (!arguments(a, static_cast<const float*>(stand_in), static_cast<const uint32_t*>(stand_in), args).ok()) return 0;
+    if (!arguments(a, static_cast<const float*>(a.x), static_cast<const uint32_t*>(a.x), args).ok()) return 0;
     return small_parts_offset(Gemm::get_workspace_size(args)) + std::size_t(a.M * a.K) * 4 + 16;
   }
 

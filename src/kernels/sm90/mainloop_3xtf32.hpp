@@ -96,6 +96,77 @@ constexpr int stages_3xtf32() {
   return stages;
 }
 
+// The consumers' steps that both 3xTF32 mainloops (this one and mainloop_3xtf32_presplit.hpp) take.
+
+// A's words, in registers, split to nearest (fused::tf32::split_nearest_fast; finite words below the
+// first that rounds to inf), or exactly (big truncated, small_toward_zero: fp32's inf and NaN products).
+// raw: the words as floats; big, small: uint32_t views of the register-sourced wgmma's A fragments.
+template <class Raw, class Bits>
+CUTLASS_DEVICE void split_a_nearest(Raw const& raw, Bits& big, Bits& small) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(raw); ++i) {
+    const uint32_t b = tf32::round_nearest_away_bits(__float_as_uint(raw(i)));
+    big(i) = b;
+    small(i) = tf32::round_nearest_away_bits(__float_as_uint(raw(i) - __uint_as_float(b)));
+  }
+}
+template <class Raw, class Bits>
+CUTLASS_DEVICE void split_a_exact(Raw const& raw, Bits& big, Bits& small) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(raw); ++i) {
+    big(i) = __float_as_uint(tf32::truncate(raw(i)));
+    small(i) = __float_as_uint(tf32::small_toward_zero(raw(i)));
+  }
+}
+
+// One k-tile's products, one wgmma batch into a freshly zeroed partial: small_A big_B and big_A
+// small_B for every k-block, then big_A big_B (the small parts' products while the accumulator is
+// small; the header says why). b_big, b_small: (MMA,MMA_N,MMA_K) descriptor fragments of one stage.
+template <class TiledMma, class FragA, class FragB, class FragBSmall, class Accum>
+CUTLASS_DEVICE void issue_3xtf32_products(TiledMma& tiled_mma, FragA& a_big, FragA& a_small, FragB const& b_big,
+                                          FragBSmall const& b_small, Accum& partial) {
+  constexpr int kBlocks = decltype(size<2>(a_big))::value;
+  warpgroup_fence_operand(a_big);
+  warpgroup_fence_operand(a_small);
+  warpgroup_fence_operand(partial);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k_block = 0; k_block < kBlocks; ++k_block) {
+    cute::gemm(tiled_mma, a_small(_, _, k_block), b_big(_, _, k_block), partial);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+    cute::gemm(tiled_mma, a_big(_, _, k_block), b_small(_, _, k_block), partial);
+  }
+  CUTLASS_PRAGMA_UNROLL
+  for (int k_block = 0; k_block < kBlocks; ++k_block) cute::gemm(tiled_mma, a_big(_, _, k_block), b_big(_, _, k_block), partial);
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(partial);
+  warpgroup_fence_operand(a_big);
+  warpgroup_fence_operand(a_small);
+}
+
+// The smallest magnitude (fp32 bits without the sign) that round_nearest_away_bits takes to inf: A's
+// words at or above it (inf, NaN, or a value whose rounding reaches inf) need the exact split.
+constexpr uint32_t kFirstWordRoundingToInf3xTf32 = tf32::kExponentMask - (1u << (tf32::kDroppedBits - 1));
+
+// The largest magnitude among A's raw words (a uint32_t view), for the vote on the exact split.
+template <class Bits>
+CUTLASS_DEVICE uint32_t max_magnitude_bits(Bits const& raw) {
+  uint32_t magnitude = 0;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(raw); ++i) magnitude = max(magnitude, raw(i) & ~tf32::kSignMask);
+  return magnitude;
+}
+
+// accum += partial, the promotion of a k-tile's wgmma accumulator into the fp32 one.
+template <class Accum>
+CUTLASS_DEVICE void promote_3xtf32(Accum& accum, Accum& partial) {
+  warpgroup_fence_operand(partial);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(accum); ++i) accum(i) += partial(i);
+  warpgroup_fence_operand(partial);
+}
+
 // Base: CUTLASS's SS warp-specialized TMA mainloop (CollectiveMma<MainloopSm90TmaGmmaWarpSpecialized
 // ...>) instantiated with uint32_t operands (raw words through TMA) and a TF32 TiledMma; it supplies
 // the producer (TMA loads), the pipeline and the tail. Only the consumers' k-loop is replaced.
@@ -284,9 +355,6 @@ struct Mainloop3xTf32 : Base {
     }
   }
 
-  // The smallest magnitude (fp32 bits without the sign) that round_nearest_away_bits takes to inf.
-  static constexpr uint32_t kFirstWordRoundingToInf = tf32::kExponentMask - (1u << (tf32::kDroppedBits - 1));
-
   // This CTA's k-tiles so far, over all its tiles: the ring's position.
   uint32_t ring_k_tiles_ = 0;
 
@@ -328,7 +396,6 @@ struct Mainloop3xTf32 : Base {
     Tensor tCrA_raw_copy = smem_thread_copy_A.retile_D(tCrA_raw);                               // (CPY,CPY_M,CPY_K)
     Tensor tCrB = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB_big));          // (MMA,MMA_N,MMA_K,PIPE|SLOT)
     Tensor tCrB_small = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB_small));  // (MMA,MMA_N,MMA_K,SLOT)
-    constexpr int kBlocks = size<2>(tCrA_big);
     Tensor a_raw = recast<uint32_t>(tCrA_raw);
     Tensor a_big = recast<uint32_t>(tCrA_big);
     Tensor a_small = recast<uint32_t>(tCrA_small);
@@ -336,12 +403,6 @@ struct Mainloop3xTf32 : Base {
     // The wgmma accumulator of one k-tile, promoted into accum after it.
     Tensor partial = make_fragment_like(accum);
     clear(accum);
-    auto promote = [&]() {
-      warpgroup_fence_operand(partial);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) accum(i) += partial(i);
-      warpgroup_fence_operand(partial);
-    };
     PipelineState smem_pipe_release = smem_pipe_read;
     const TransposeOffsets transpose = transpose_offsets(thread_idx);  // used for an MN-major B only
 
@@ -381,35 +442,23 @@ struct Mainloop3xTf32 : Base {
         probe = write_small_parts_fast(raw_b, small_b, thread_idx);
       // A's vote from its raw words (a value of the split would keep the registers that the pending
       // products read): inf, NaN, or a magnitude that rounds to inf.
-      uint32_t a_magnitude = 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(a_raw); ++i) a_magnitude = max(a_magnitude, a_raw(i) & ~tf32::kSignMask);
-      if (probe != probe || a_magnitude >= kFirstWordRoundingToInf) special[slot] = ring;
+      if (probe != probe || max_magnitude_bits(a_raw) >= kFirstWordRoundingToInf3xTf32) special[slot] = ring;
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
       cutlass::arch::ClusterBarrier::arrive(&written[slot]);
 
       warpgroup_wait<0>();
       if (k_tile > 0) {
-        promote();
+        promote_3xtf32(accum, partial);
         pipeline.consumer_release(smem_pipe_release);
         ++smem_pipe_release;
       }
       warpgroup_fence_operand(tCrA_big);
       warpgroup_fence_operand(tCrA_small);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(a_raw); ++i) {
-        const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
-        a_big(i) = big;
-        a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(tCrA_raw(i) - __uint_as_float(big)));
-      }
+      split_a_nearest(tCrA_raw, a_big, a_small);
       cutlass::arch::ClusterBarrier::wait(&written[slot], (ring / kRingSlots) & 1u);
       if (special[slot] == ring) {
         // inf or NaN in this k-tile (every thread reads the same stamp): the exact split, as above.
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(a_raw); ++i) {
-          a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
-          a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
-        }
+        split_a_exact(tCrA_raw, a_big, a_small);
         if constexpr (kTransposeB)
           write_parts_transposed_exact(raw_b, big_b, small_b, transpose);
         else
@@ -417,32 +466,14 @@ struct Mainloop3xTf32 : Base {
         cutlass::arch::fence_view_async_shared();
         sync_mma_threads();
       }
-      // The products of k-tile t from the registers and ring slot into a freshly zeroed partial: the
-      // small parts' products first, then big * big (the header's comment).
+      // The products of k-tile t from the registers and ring slot.
       const int big_index = kTransposeB ? slot : read_stage;
-      warpgroup_fence_operand(tCrA_big);
-      warpgroup_fence_operand(tCrA_small);
-      warpgroup_fence_operand(partial);
-      warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB_small(_, _, k_block, slot), partial);
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block)
-        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB(_, _, k_block, big_index), partial);
-      warpgroup_commit_batch();
-      warpgroup_fence_operand(partial);
-      warpgroup_fence_operand(tCrA_big);
-      warpgroup_fence_operand(tCrA_small);
+      issue_3xtf32_products(tiled_mma, tCrA_big, tCrA_small, tCrB(_, _, _, big_index), tCrB_small(_, _, _, slot), partial);
       ++smem_pipe_read;
       ++ring_k_tiles_;
     }
     warpgroup_wait<0>();
-    promote();
+    promote_3xtf32(accum, partial);
     warpgroup_fence_operand(accum);
   }
 };

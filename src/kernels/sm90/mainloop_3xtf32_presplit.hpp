@@ -201,9 +201,6 @@ struct Mainloop3xTf32Presplit : Base {
     }
   }
 
-  // The smallest magnitude (fp32 bits without the sign) that round_nearest_away_bits takes to inf.
-  static constexpr uint32_t kFirstWordRoundingToInf = tf32::kExponentMask - (1u << (tf32::kDroppedBits - 1));
-
   // The consumers' k-loop (hides Base::mma): accum = A * B over k_tile_count k-tiles in 3xTF32.
   // Releases every stage but the last, as Base::mma does, so Base::mma_tail applies unchanged.
   template <class FrgTensorC>
@@ -230,7 +227,6 @@ struct Mainloop3xTf32Presplit : Base {
     Tensor tCrA_raw_copy = smem_thread_copy_A.retile_D(tCrA_raw);                      // (CPY,CPY_M,CPY_K)
     Tensor tCrB = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sB));     // (MMA,MMA_N,MMA_K,PIPE)
     Tensor tCrBs = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sBs));   // (MMA,MMA_N,MMA_K,PIPE)
-    constexpr int kBlocks = size<2>(tCrA_big);
     Tensor a_raw = recast<uint32_t>(tCrA_raw);
     Tensor a_big = recast<uint32_t>(tCrA_big);
     Tensor a_small = recast<uint32_t>(tCrA_small);
@@ -238,12 +234,6 @@ struct Mainloop3xTf32Presplit : Base {
     // The wgmma accumulator of one k-tile, promoted into accum after it.
     Tensor partial = make_fragment_like(accum);
     clear(accum);
-    auto promote = [&]() {
-      warpgroup_fence_operand(partial);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) accum(i) += partial(i);
-      warpgroup_fence_operand(partial);
-    };
     PipelineState smem_pipe_release = smem_pipe_read;
     bool b_special = false;
 
@@ -259,56 +249,25 @@ struct Mainloop3xTf32Presplit : Base {
 
       // While k-tile t - 1's products run: A's raw words into registers, and the vote on them.
       copy(smem_copy_A, tCsA_copy(_, _, _, read_stage), tCrA_raw_copy);
-      uint32_t a_magnitude = 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(a_raw); ++i) a_magnitude = max(a_magnitude, a_raw(i) & ~tf32::kSignMask);
+      const uint32_t a_magnitude = max_magnitude_bits(a_raw);
 
       warpgroup_wait<0>();
       if (k_tile > 0) {
-        promote();
+        promote_3xtf32(accum, partial);
         pipeline.consumer_release(smem_pipe_release);
         ++smem_pipe_release;
       }
       warpgroup_fence_operand(tCrA_big);
       warpgroup_fence_operand(tCrA_small);
-      if (!b_special && a_magnitude < kFirstWordRoundingToInf) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(a_raw); ++i) {
-          const uint32_t big = tf32::round_nearest_away_bits(a_raw(i));
-          a_big(i) = big;
-          a_small(i) = tf32::round_nearest_away_bits(__float_as_uint(tCrA_raw(i) - __uint_as_float(big)));
-        }
-      } else {  // this thread's words hold inf, NaN or a value rounding to inf, or B does: the exact split
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(a_raw); ++i) {
-          a_big(i) = __float_as_uint(tf32::truncate(tCrA_raw(i)));
-          a_small(i) = __float_as_uint(tf32::small_toward_zero(tCrA_raw(i)));
-        }
-      }
-      // The products of k-tile t into a freshly zeroed partial: the small parts' products first, then
-      // big * big (mainloop_3xtf32.hpp's header says why).
-      warpgroup_fence_operand(tCrA_big);
-      warpgroup_fence_operand(tCrA_small);
-      warpgroup_fence_operand(partial);
-      warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block) {
-        cute::gemm(tiled_mma, tCrA_small(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrBs(_, _, k_block, read_stage), partial);
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < kBlocks; ++k_block)
-        cute::gemm(tiled_mma, tCrA_big(_, _, k_block), tCrB(_, _, k_block, read_stage), partial);
-      warpgroup_commit_batch();
-      warpgroup_fence_operand(partial);
-      warpgroup_fence_operand(tCrA_big);
-      warpgroup_fence_operand(tCrA_small);
+      if (!b_special && a_magnitude < kFirstWordRoundingToInf3xTf32)
+        split_a_nearest(tCrA_raw, a_big, a_small);
+      else  // this thread's words hold inf, NaN or a value rounding to inf, or B does
+        split_a_exact(tCrA_raw, a_big, a_small);
+      issue_3xtf32_products(tiled_mma, tCrA_big, tCrA_small, tCrB(_, _, _, read_stage), tCrBs(_, _, _, read_stage), partial);
       ++smem_pipe_read;
     }
     warpgroup_wait<0>();
-    promote();
+    promote_3xtf32(accum, partial);
     warpgroup_fence_operand(accum);
   }
 };
