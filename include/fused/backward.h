@@ -106,12 +106,14 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
                             void* workspace, std::size_t workspace_size, cudaStream_t stream);
 
 // The backward's GEMMs at precision k3xTF32: c (m, n) = a (m, k) b (k, n), all three row-major
-// fp32, each operand read where it is (no transposed copies). a is given as stored (row stride lda)
-// or, with a_transposed, as a^T (k, m) row-major with row stride lda: dx = dy W is a = dy, b = W;
-// dW = dy^T x is a = dy given transposed, b = x. fp32-grade accuracy on TF32 tensor cores (the
-// forward's 3xTF32 mainloop, without statistics or bias). Needs the sm90 build and a Hopper GPU; n,
-// lda, ldb and ldc multiples of 4, and k (a as stored) or m (a transposed) too; 16-byte aligned
-// pointers; else kNotSupported with the reason, nothing launched. m, n, k > 0.
+// fp32. a is given as stored (row stride lda) or, with a_transposed, as a^T (k, m) row-major with row
+// stride lda: dx = dy W is a = dy, b = W; dW = dy^T x is a = dy given transposed, b = x. b is read where
+// it is; a's small parts (and, given transposed from k >= 1024 on, a itself, transposed) are written
+// into the workspace by a pass before the kernel: m x k floats, twice that for a transposed (the
+// workspace function says how much). fp32-grade accuracy on TF32 tensor cores (the forward's 3xTF32
+// kernels, without statistics or bias). Needs the sm90 build and a Hopper GPU; n, lda, ldb and ldc
+// multiples of 4, and k (a as stored) or m (a transposed) too; 16-byte aligned pointers; else
+// kNotSupported with the reason, nothing launched. m, n, k > 0.
 std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed = false);
 Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                    int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream,

@@ -28,7 +28,8 @@ enum class MatmulPrecision : int {
   kTF32 = 1,     // TF32 tensor cores allowed ("high" / "medium")
   // fp32-grade on TF32 tensor cores (precision "3xtf32", asked for explicitly, sm90 only): each
   // operand split into two TF32 parts, three TF32 products per multiply-add, the tensor cores'
-  // partial sums added into fp32 registers every 32 K-elements.
+  // partial sums added into fp32 registers every 32 K-elements. The workspace holds the small parts
+  // of the operand the tensor cores read from shared memory (x's size in the forward).
   k3xTF32 = 2,
 };
 
