@@ -1,9 +1,8 @@
 // Micro-benchmark of the backward's 3xTF32 GEMMs (not a test): median of device-event timings of
 // dx = dy W (a = dy as stored) and dW = dy^T x (dy given as the transposed a), both ways the kernel
 // can get a's small parts: a pass first (its time included; for dW it also writes dy^T), or split
-// (and for dW transposed) by the consumers in the loop, in one process on the same data. Also the forward's
-// y = x W^T as a plain presplit GEMM (x split by a pass, W through registers; no bias or statistics),
-// the form the forward's GEMM would take with the presplit kernel.
+// (and for dW transposed) by the consumers in the loop, in one process on the same data. The forward's
+// 3xTF32 GEMM is timed by bench_sm90_gemm_stats (SM90_BENCH_MODES=3xtf32).
 // Usage: bench_3xtf32_backward [M N K] [iters]    (the layer: x (M, K), W (N, K), dy (M, N))
 #include <cuda_runtime.h>
 
@@ -37,9 +36,6 @@ int main(int argc, char** argv) {
     ws_bytes = std::max(ws_bytes, fused::sm90::gemm_3xtf32_row_major_workspace_bytes(M, K, N, false, p));
   for (SmallParts p : {SmallParts::kPresplit, SmallParts::kInLoop})  // dW
     ws_bytes = std::max(ws_bytes, fused::sm90::gemm_3xtf32_row_major_workspace_bytes(N, K, M, true, p));
-  ws_bytes = std::max(ws_bytes, fused::sm90::gemm_3xtf32_row_major_b_transposed_workspace_bytes(M, N, K));  // y
-  float* y = nullptr;
-  cudaMalloc(&y, M * N * 4);
   if (ws_bytes) cudaMalloc(&ws, ws_bytes);
   auto check = [](fused::Status s) {
     if (!s.ok()) { std::printf("error: %s\n", s.message); std::exit(1); }
@@ -60,14 +56,12 @@ int main(int argc, char** argv) {
     t_dw = std::min(t_dw, dw_ms(SmallParts::kPresplit));
     t_dw_loop = std::min(t_dw_loop, dw_ms(SmallParts::kInLoop));
   }
-  const float t_y = fused::bench::median_ms(
-      [&] { check(fused::sm90::gemm_3xtf32_row_major_b_transposed(M, N, K, x, K, w, K, y, N, ws, nullptr)); }, iters);
   const cudaError_t e = cudaDeviceSynchronize();
   const double flop = 2.0 * M * N * K;
   std::printf("3xtf32 backward M=%lld N=%lld K=%lld: dx presplit %.4f ms (%.0f TFLOP/s) | dx in-loop split %.4f ms "
               "(%.0f) | dW presplit (dy^T written by the pass) %.4f ms (%.0f) | dW in-loop transpose and split %.4f ms "
-              "(%.0f) | forward y = x W^T presplit, no statistics %.4f ms (%.0f) | %s\n",
+              "(%.0f) | %s\n",
               (long long)M, (long long)N, (long long)K, t_dx, flop / t_dx / 1e9, t_dx_loop, flop / t_dx_loop / 1e9, t_dw,
-              flop / t_dw / 1e9, t_dw_loop, flop / t_dw_loop / 1e9, t_y, flop / t_y / 1e9, cudaGetErrorString(e));
+              flop / t_dw / 1e9, t_dw_loop, flop / t_dw_loop / 1e9, cudaGetErrorString(e));
   return 0;
 }

@@ -33,7 +33,6 @@ struct Case {
   int64_t m, n, k;  // c (m, n) = a (m, k) b (k, n)
   bool a_transposed = false;  // a handed to the kernel as a^T (k, m), row-major
   fused::sm90::SmallParts small_parts = fused::sm90::SmallParts::kPresplit;
-  bool b_transposed = false;  // b handed to the kernel as b^T (n, k), row-major (presplit a only)
 };
 
 using fused::sm90::SmallParts;
@@ -41,7 +40,6 @@ const char* form(const Case& s) {
   const bool presplit = s.small_parts == SmallParts::kPresplit;
   if (s.small_parts == SmallParts::kDefault) return s.a_transposed ? " (a transposed, default form)" : " (default form)";
   return s.a_transposed   ? (presplit ? " (a transposed, presplit)" : " (a transposed, in-loop transpose and split)")
-         : s.b_transposed ? " (presplit, b transposed)"
          : presplit       ? " (presplit)"
                           : " (in-loop split)";
 }
@@ -49,31 +47,23 @@ const char* form(const Case& s) {
 // c = a b on the GPU; a and b row-major on the host (m, k) and (k, n); c poisoned with NaN first.
 std::vector<float> device_product(const Case& s, const std::vector<float>& a, const std::vector<float>& b) {
   const int64_t m = s.m, n = s.n, k = s.k;
-  std::vector<float> a_given = a, b_given = b;  // as the kernel reads them
+  std::vector<float> a_given = a;  // as the kernel reads it
   if (s.a_transposed)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t p = 0; p < k; ++p) a_given[p * m + i] = a[i * k + p];
-  if (s.b_transposed)
-    for (int64_t p = 0; p < k; ++p)
-      for (int64_t j = 0; j < n; ++j) b_given[j * k + p] = b[p * n + j];
   float *d_a = nullptr, *d_b = nullptr, *d_c = nullptr;
   void* ws = nullptr;
   std::vector<float> c(m * n);
   EXPECT_EQ(cudaMalloc(&d_a, a.size() * 4), cudaSuccess);
   EXPECT_EQ(cudaMalloc(&d_b, b.size() * 4), cudaSuccess);
   EXPECT_EQ(cudaMalloc(&d_c, m * n * 4), cudaSuccess);
-  const size_t ws_bytes = s.b_transposed
-                              ? fused::sm90::gemm_3xtf32_row_major_b_transposed_workspace_bytes(m, n, k)
-                              : fused::sm90::gemm_3xtf32_row_major_workspace_bytes(m, n, k, s.a_transposed, s.small_parts);
+  const size_t ws_bytes = fused::sm90::gemm_3xtf32_row_major_workspace_bytes(m, n, k, s.a_transposed, s.small_parts);
   EXPECT_EQ(cudaMalloc(&ws, ws_bytes > 0 ? ws_bytes : 1), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d_a, a_given.data(), a.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d_b, b_given.data(), b.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d_b, b.data(), b.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemset(d_c, 0xFF, m * n * 4), cudaSuccess);  // NaN: unwritten elements show
-  const fused::Status st =
-      s.b_transposed
-          ? fused::sm90::gemm_3xtf32_row_major_b_transposed(m, n, k, d_a, k, d_b, k, d_c, n, ws, nullptr)
-          : fused::sm90::gemm_3xtf32_row_major(m, n, k, d_a, s.a_transposed ? m : k, s.a_transposed, d_b, n, d_c, n, ws,
-                                               nullptr, s.small_parts);
+  const fused::Status st = fused::sm90::gemm_3xtf32_row_major(m, n, k, d_a, s.a_transposed ? m : k, s.a_transposed, d_b,
+                                                              n, d_c, n, ws, nullptr, s.small_parts);
   EXPECT_TRUE(st.ok()) << st.message;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(c.data(), d_c, c.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -133,15 +123,6 @@ TEST(Sm90Gemm3xTf32RowMajor, DxShapes) {
     }
 }
 
-// The forward's y (M, N) = x (M, K) W^T with W (N, K) as stored, x presplit: m = M, n = N, k = K.
-TEST(Sm90Gemm3xTf32RowMajor, ForwardFormShapes) {
-  if (!have_sm90()) GTEST_SKIP() << "needs a CUDA device of compute capability 9.x";
-  for (Case s : {Case{"y", 256, 512, 1024}, Case{"y", 200, 132, 64}, Case{"y", 128, 256, 8192}, Case{"y", 130, 260, 36}}) {
-    s.b_transposed = true;
-    expect_as_accurate_as_exact_fp32(s);
-  }
-}
-
 // dW (N, K) = dy^T (N, M) x (M, K): m = N, n = K, k = M (a short reduction over the batch), with dy
 // as stored (the transposed a), batches that are not a multiple of 4 or of the 32-row k-tile included.
 TEST(Sm90Gemm3xTf32RowMajor, DwShapes) {
@@ -164,8 +145,7 @@ TEST(Sm90Gemm3xTf32RowMajor, InfAndNanPropagateAsInFp32) {
   for (const Case s : {Case{"special", 136, 132, 100, false, SmallParts::kPresplit},
                        Case{"special", 136, 132, 100, false, SmallParts::kInLoop},
                        Case{"special", 136, 132, 100, true, SmallParts::kPresplit},
-                       Case{"special", 136, 132, 100, true, SmallParts::kInLoop},
-                       Case{"special", 136, 132, 100, false, SmallParts::kPresplit, true}}) {
+                       Case{"special", 136, 132, 100, true, SmallParts::kInLoop}}) {
     SCOPED_TRACE(form(s));
     std::mt19937 rng(5);
     std::normal_distribution<float> normal(0.f, 1.f);

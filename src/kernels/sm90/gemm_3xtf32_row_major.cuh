@@ -32,29 +32,18 @@ namespace fused::sm90::detail {
 #if FUSED_3XTF32_PRESPLIT && FUSED_3XTF32_TRANSPOSED_A
 #error "the presplit kernel reads a as stored (its B must be K-major)"
 #endif
-// b given transposed, as b^T (n, k) row-major (the forward's y = x W^T with W as stored): the kernel's
-// A is then K-major. Built in the presplit form only.
-#if !defined(FUSED_3XTF32_TRANSPOSED_B)
-#define FUSED_3XTF32_TRANSPOSED_B 0
-#endif
-#if FUSED_3XTF32_TRANSPOSED_B && !FUSED_3XTF32_PRESPLIT
-#error "b given transposed is built in the presplit form only"
-#endif
 
 namespace {  // each TU's own kernel type
 
 struct Gemm3xTf32RowMajor {
   static constexpr bool kTransposedA = FUSED_3XTF32_TRANSPOSED_A != 0;
-  static constexpr bool kTransposedB = FUSED_3XTF32_TRANSPOSED_B != 0;
   using Reference = Tf32ReferenceFor3xTf32;
   using RefMainloop = typename Reference::CollectiveMainloop;
   using TileShape = typename Reference::TileShape;
   using ClusterShape = typename Reference::ClusterShape;
   // The kernel's (m, n, k) is the row-major problem's (n, m, k).
-  // (m, k, l): m contiguous (b as stored), or k contiguous (b given as b^T)
-  using StrideA = std::conditional_t<kTransposedB, typename RefMainloop::StrideA, cute::Stride<cute::_1, int64_t, int64_t>>;
-  using SmemLayoutAtomA = std::conditional_t<kTransposedB, typename RefMainloop::SmemLayoutAtomA,
-                                             cute::GMMA::Layout_MN_SW128_Atom<cute::tfloat32_t>>;
+  using StrideA = cute::Stride<cute::_1, int64_t, int64_t>;  // (m, k, l): m contiguous (b as stored)
+  using SmemLayoutAtomA = cute::GMMA::Layout_MN_SW128_Atom<cute::tfloat32_t>;
   // (n, k, l): k contiguous (a as stored), or n contiguous (a given as a^T, row-major)
   using StrideB = std::conditional_t<kTransposedA, cute::Stride<cute::_1, int64_t, int64_t>,
                                      typename RefMainloop::StrideB>;
@@ -102,13 +91,7 @@ struct Gemm3xTf32RowMajor {
                           const uint32_t* a_special = nullptr) {
     using StrideC = typename Gemm::GemmKernel::StrideC;
     using StrideD = typename Gemm::GemmKernel::StrideD;
-    // The kernel's A: b^T. Element (j, p) at b[p * ldb + j] (b as stored), or b[j * ldb + p] (given as b^T).
-#if FUSED_3XTF32_TRANSPOSED_B
-    StrideA stride_b{};
-    cute::get<0>(stride_b) = ldb;
-#else
-    const StrideA stride_b{cute::_1{}, ldb, int64_t{0}};
-#endif
+    const StrideA stride_b{cute::_1{}, ldb, int64_t{0}};  // the kernel's A: b^T
     // The kernel's B: a. Element (i, p) of a at a[p * lda + i] (given transposed), or a[i * lda + p].
 #if FUSED_3XTF32_TRANSPOSED_A
     const StrideB stride_a{cute::_1{}, lda, int64_t{0}};
@@ -149,7 +132,7 @@ struct Gemm3xTf32RowMajor {
     float* const stand_in = reinterpret_cast<float*>(std::uintptr_t{256});
     const uint32_t* const flag_stand_in = reinterpret_cast<const uint32_t*>(std::uintptr_t{256});
     typename Gemm::Arguments args;
-    if (!arguments(m, n, k, stand_in, kTransposedA ? m : ld_small(k), stand_in, kTransposedB ? k : n, stand_in, n, args,
+    if (!arguments(m, n, k, stand_in, kTransposedA ? m : ld_small(k), stand_in, n, stand_in, n, args,
                    stand_in, flag_stand_in).ok())
       return 0;
     const std::size_t kernel_bytes = Gemm::get_workspace_size(args);

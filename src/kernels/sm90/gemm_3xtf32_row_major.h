@@ -38,13 +38,4 @@ Status gemm_3xtf32_row_major(int64_t m, int64_t n, int64_t k, const float* a, in
                              const float* b, int64_t ldb, float* c, int64_t ldc, void* workspace, cudaStream_t stream,
                              SmallParts small_parts = SmallParts::kDefault);
 
-// c (m, n) = a (m, k) b^T with b given as stored (n, k) row-major (row stride ldb), a as stored with
-// its small parts split by a pass first (m x k floats of workspace): the forward's y = x W^T with W as
-// nn.Linear stores it, in the operand order the presplit kernel needs (x in shared memory, W through
-// registers). A plain GEMM (no bias, no statistics): not yet run by the forward op. Needs k, n, lda, ldb
-// and ldc multiples of 4, 16-byte aligned pointers.
-std::size_t gemm_3xtf32_row_major_b_transposed_workspace_bytes(int64_t m, int64_t n, int64_t k);
-Status gemm_3xtf32_row_major_b_transposed(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                                          int64_t ldb, float* c, int64_t ldc, void* workspace, cudaStream_t stream);
-
 }  // namespace fused::sm90
