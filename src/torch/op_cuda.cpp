@@ -240,7 +240,8 @@ Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a) {
   const bool three_x_tf32 = precision == MatmulPrecision::k3xTF32;
   // TF32 tensor cores take K-major operands only: at TF32, dW = dy^T x reduces over M, so it reads
   // dy^T (written by the dy pass) instead of a transposed view of dy (1.8x slower in cuBLAS). dx = dy W
-  // reads dy itself. The 3xTF32 kernel reads dy for both: it transposes dW's tiles in shared memory.
+  // reads dy itself. The 3xTF32 GEMMs take dy for both: for dW their split pass writes dy^T beside its
+  // small parts (below 1024 rows the in-loop kernel transposes dy's tiles in shared memory).
   const bool transposed_dy = m[kGradWeight] && gemm == at::kFloat && precision == MatmulPrecision::kTF32;
   const auto dy_options = a.grad_out.options().dtype(gemm);
   at::Tensor dy, dy_t;

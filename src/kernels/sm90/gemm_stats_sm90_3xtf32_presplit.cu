@@ -45,8 +45,6 @@ struct GemmStats3xTf32PresplitKernel {
 
   // The workspace: the kernel's own part, rounded up to 256 bytes, then x's small parts (M, K) dense
   // and the split pass's inf / NaN flag.
-  static std::size_t small_parts_offset(std::size_t kernel_bytes) { return (kernel_bytes + 255) / 256 * 256; }
-
   static Status arguments(const GemmStatsArgs& a, const float* x_small, const uint32_t* x_special,
                           typename Gemm::Arguments& out) {
     FUSED_RETURN_IF_ERROR(validate<GemmStats3xTf32PresplitKernel>(a));
@@ -86,19 +84,21 @@ struct GemmStats3xTf32PresplitKernel {
     const GemmStatsArgs a = with_stand_ins(given);
     typename Gemm::Arguments args;
     if (!arguments(a, static_cast<const float*>(a.x), static_cast<const uint32_t*>(a.x), args).ok()) return 0;
-    return small_parts_offset(Gemm::get_workspace_size(args)) + std::size_t(a.M * a.K) * 4 + 16;
+    return presplit_parts_offset(Gemm::get_workspace_size(args)) + std::size_t(a.M * a.K) * 4 + 16;
   }
 
   static Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream) {
-    typename Gemm::Arguments args;
-    FUSED_RETURN_IF_ERROR(arguments(a, static_cast<const float*>(a.x), nullptr, args));  // the kernel's own workspace size
     if (workspace == nullptr) return {StatusCode::kInvalidArgument, "sm90 gemm_stats (3xTF32): workspace required"};
+    typename Gemm::Arguments args;
+    FUSED_RETURN_IF_ERROR(arguments(a, nullptr, nullptr, args));
+    // x's small parts and the flag go after the kernel's own workspace, whose size the arguments give.
     float* x_small = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
-                                              small_parts_offset(Gemm::get_workspace_size(args)));
+                                              presplit_parts_offset(Gemm::get_workspace_size(args)));
     uint32_t* x_special = reinterpret_cast<uint32_t*>(x_small + a.M * a.K);
+    args.mainloop.ptr_B_small = reinterpret_cast<const uint32_t*>(x_small);
+    args.mainloop.b_special = x_special;
     FUSED_RETURN_IF_ERROR(
         split_small_parts_3xtf32(static_cast<const float*>(a.x), a.M, a.K, a.ldx, x_small, x_special, stream));
-    FUSED_RETURN_IF_ERROR(arguments(a, x_small, x_special, args));
     return launch_gemm<Gemm>(args, workspace, stream);
   }
 };

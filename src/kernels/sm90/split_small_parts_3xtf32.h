@@ -2,6 +2,7 @@
 // operand that the kernel keeps in shared memory, written once instead of split every k-tile.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -14,6 +15,12 @@ namespace fused::sm90 {
 // default) or split them in the loop: FUSED_3XTF32_IN_LOOP_SPLIT=1 in the environment (read once)
 // picks the latter, for A/B runs. The one place that reads the switch.
 bool presplit_3xtf32();
+
+// Where a presplit kernel's workspace holds the pass's output: after the kernel's own part (CUTLASS's
+// workspace), rounded up to 256 bytes.
+inline std::size_t presplit_parts_offset(std::size_t kernel_workspace_bytes) {
+  return (kernel_workspace_bytes + 255) / 256 * 256;
+}
 
 // small (rows, cols), dense (row stride cols) = fused::tf32::small_toward_zero of every element of
 // a (rows, cols) with row stride lda; *special = 1 if a holds inf or NaN, else 0 (the pass zeroes it
