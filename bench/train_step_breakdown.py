@@ -2,7 +2,7 @@
 (out * g).sum(), backward) captured in a CUDA graph and replayed; its GPU time per step (median of 50
 replays, with the range, and again after profiling), each kernel group's profiled time per step, and
 the step's critical path (pipeline_breakdown.critical_path: each kernel charged from its
-predecessor's end). The lines match bench/ab_rounds.py's default pattern, so two builds compare with
+predecessor's end); with --kernels, also every kernel of one step in launch order. The lines match bench/ab_rounds.py's default pattern, so two builds compare with
 
   python bench/ab_rounds.py --rounds 3 --setting base=TREE=$PWD --setting v=TREE=/tmp/variant_v/tree \\
       -- bash -c 'exec python3 "$TREE/bench/train_step_breakdown.py" --cases bf16:1024x8192x8192'
@@ -33,10 +33,22 @@ def step_group(name):
     return pipeline_breakdown.kernel_group(name)
 
 
+def kernel_listing(kernels, replays):
+    """One step's kernels in launch order, from (name, start, end) of `replays` replays (µs): lines of
+    the start from the step's first kernel, the duration, the group and the name's start."""
+    kernels = sorted(kernels, key=lambda k: k[1])
+    if replays <= 0 or len(kernels) % replays:
+        raise ValueError(f"{len(kernels)} kernels do not split into {replays} replays")
+    per_step = kernels[:len(kernels) // replays]
+    t0 = per_step[0][1] if per_step else 0.0
+    return [f"{start - t0:9.1f} {end - start:8.1f}  {step_group(name)}: {name[:60]}" for name, start, end in per_step]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="+", default=["bf16:1024x8192x8192"], help="mode:MxNxK, mode bf16, tf32 or 3xtf32")
     p.add_argument("--replays", type=int, default=50, help="timed replays of the step's graph")
+    p.add_argument("--kernels", action="store_true", help="also list one step's kernels in launch order")
     a = p.parse_args()
     try:
         cases = [pipeline_breakdown.parse_case(c) for c in a.cases]
@@ -56,13 +68,14 @@ def main():
             for _ in range(replays):
                 graph.replay()
             torch.cuda.synchronize()
-        total, timeline = collections.defaultdict(float), []
+        total, timeline, kernels = collections.defaultdict(float), [], []
         for e in prof.events():
             if e.device_type != torch.autograd.DeviceType.CUDA:
                 continue
             group = step_group(e.name)
             total[group] += e.device_time_total / replays
             timeline.append((group, e.time_range.start, e.time_range.end))
+            kernels.append((e.name, e.time_range.start, e.time_range.end))
         own, gap, span = pipeline_breakdown.critical_path(timeline, replays, calls_per_replay=1)
         med2, _, _ = bench_forward.time_ms(graph.replay, a.replays)
         key = f"{mode} {m}x{n}x{k}"
@@ -73,6 +86,10 @@ def main():
                 print(f"pdl=1 {group} {key}: op {total[group]:.1f} us", flush=True)
         print("    " + pipeline_breakdown.path_line({"own": own, "gap": gap, "span": span}).replace(
             "us per call", "us per step"), flush=True)
+        if a.kernels:
+            print("    one step's kernels: start us, duration us, group: name", flush=True)
+            for line in kernel_listing(kernels, replays):
+                print("    " + line, flush=True)
         del graph
 
 

@@ -452,6 +452,14 @@ def test_train_step_breakdown_cases_and_lines():
     # per step: a replay holds one step
     own, gap, span = pipeline_breakdown.critical_path([("a", 0.0, 5.0), ("b", 6.0, 9.0)], 1, calls_per_replay=1)
     assert own == {"a": 5.0, "b": 3.0} and gap == 1.0 and span == 9.0
+    # --kernels: the first replay's kernels in launch order, times from its first kernel
+    kernels = [("dy_kernel<true>", 30.0, 34.0), ("nvjet_tst", 10.0, 20.0), ("softmax_rows", 20.5, 29.0),
+               ("nvjet_tst", 110.0, 120.0), ("softmax_rows", 120.5, 129.0), ("dy_kernel<true>", 130.0, 134.0)]
+    assert train_step_breakdown.kernel_listing(kernels, 2) == [
+        "      0.0     10.0  gemm: nvjet_tst", "     10.5      8.5  softmax: softmax_rows",
+        "     20.0      4.0  dy_kernel: dy_kernel<true>"]
+    with pytest.raises(ValueError, match="do not split into 4 replays"):
+        train_step_breakdown.kernel_listing(kernels, 4)
     run = subprocess.run([sys.executable, os.path.join(BENCH, "train_step_breakdown.py"), "--cases", "fp16:8x8x8"],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "expected bf16:MxNxK, tf32:MxNxK or 3xtf32:MxNxK" in run.stderr
