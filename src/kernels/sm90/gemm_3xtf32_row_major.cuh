@@ -166,12 +166,11 @@ struct Gemm3xTf32RowMajor {
     (void)a_given_transposed;  // the in-loop forms read a in the instantiation's own layout (kTransposedA)
     FUSED_RETURN_IF_ERROR(arguments(m, n, k, a, lda, b, ldb, c, ldc, args));
 #endif
-    // Grids of at least FUSED_SWIZZLE_MIN_TILES tiles both ways (dW at the headline: 64 x 64): swizzle 4,
-    // so that the CTAs running together share their operand tiles in L2. Nsight Compute had that dW at
-    // 90 % of L2 and 64 % of DRAM throughput (dx, a 64 x 8 grid: 60 % and 18 %); H100, dW 1024 x 8192 x
-    // 8192: 1.111 against 1.165 ms, the pass included; dx unchanged.
-    const int64_t tiles_m = (n + kTileM - 1) / kTileM, tiles_n = (m + kTileN - 1) / kTileN;
-    if (tiles_m >= FUSED_SWIZZLE_MIN_TILES && tiles_n >= FUSED_SWIZZLE_MIN_TILES) args.scheduler.max_swizzle_size = 4;
+    // Large grids (swizzles_large_grid; dW at the headline: 64 x 64 tiles): swizzle 4, so that the CTAs
+    // running together share their operand tiles in L2. Nsight Compute had that dW at 90 % of L2 and
+    // 64 % of DRAM throughput (dx, a 64 x 8 grid: 60 % and 18 %); H100, dW 1024 x 8192 x 8192: 1.111
+    // against 1.165 ms, the pass included; dx unchanged. The kernel's (m, n) is the problem's (n, m).
+    if (swizzles_large_grid(n, m, kTileM, kTileN)) args.scheduler.max_swizzle_size = 4;
     return launch_gemm<Gemm>(args, workspace, stream);
   }
 };

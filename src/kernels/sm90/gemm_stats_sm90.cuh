@@ -246,11 +246,15 @@ constexpr SchedulerOptions kSmallTileScheduler{2, 1};
 #ifndef FUSED_SWIZZLE_MIN_TILES
 #define FUSED_SWIZZLE_MIN_TILES 32
 #endif
-inline SchedulerOptions large_tile_scheduler(int64_t M, int64_t N) {
+// Whether an (M, N) output holds at least FUSED_SWIZZLE_MIN_TILES whole (tile_m, tile_n) tiles in both
+// directions: the grids whose kernels take swizzle 4 (this one and the 3xTF32 row-major GEMM).
+inline bool swizzles_large_grid(int64_t M, int64_t N, int64_t tile_m, int64_t tile_n) {
   constexpr int64_t kMinTiles = FUSED_SWIZZLE_MIN_TILES;
+  return M >= kMinTiles * tile_m && N >= kMinTiles * tile_n;
+}
+inline SchedulerOptions large_tile_scheduler(int64_t M, int64_t N) {
   using Tile = LargeTileConfig<float>;  // the same tile shape for every input width
-  const bool large_grid = M >= kMinTiles * Tile::kTileM && N >= kMinTiles * Tile::kTileN;
-  return large_grid ? SchedulerOptions{2, 4} : SchedulerOptions{};
+  return swizzles_large_grid(M, N, Tile::kTileM, Tile::kTileN) ? SchedulerOptions{2, 4} : SchedulerOptions{};
 }
 
 // ElementIn: cutlass::bfloat16_t, cutlass::half_t, or float (tf32 tensor-core MMA).
