@@ -85,10 +85,10 @@ struct Gemm3xTf32RowMajor {
 
   // The kernel's arguments for the row-major c (m, n) = a (m, k) b (k, n) (a given as a^T (k, m)
   // when kTransposedA), or the error of the device query (the per-device SM count cache). The
-  // presplit form reads a's small parts (m, k, row stride ld_small(k)) and the pass's flag.
+  // presplit form also reads a's small parts (m, k, row stride ld_small(k)) and the pass's flag: run()
+  // sets their pointers, which are in the workspace after the part whose size these arguments give.
   static Status arguments(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                          float* c, int64_t ldc, typename Gemm::Arguments& out, const float* a_small = nullptr,
-                          const uint32_t* a_special = nullptr) {
+                          float* c, int64_t ldc, typename Gemm::Arguments& out) {
     using StrideC = typename Gemm::GemmKernel::StrideC;
     using StrideD = typename Gemm::GemmKernel::StrideD;
     const StrideA stride_b{cute::_1{}, ldb, int64_t{0}};  // the kernel's A: b^T
@@ -112,9 +112,8 @@ struct Gemm3xTf32RowMajor {
     cute::get<0>(stride_a_small) = ld_small(k);
     typename CollectiveMainloop::Arguments mainloop{reinterpret_cast<const uint32_t*>(b), stride_b,
                                                     reinterpret_cast<const uint32_t*>(a), stride_a,
-                                                    reinterpret_cast<const uint32_t*>(a_small), stride_a_small, a_special};
+                                                    nullptr, stride_a_small, nullptr};
 #else
-    (void)a_small, (void)a_special;
     typename CollectiveMainloop::Arguments mainloop{reinterpret_cast<const uint32_t*>(b), stride_b,
                                                     reinterpret_cast<const uint32_t*>(a), stride_a};
 #endif
@@ -130,10 +129,8 @@ struct Gemm3xTf32RowMajor {
   // writes a as stored beside its small parts (the kernel then reads that copy).
   static std::size_t workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_given_transposed = false) {
     float* const stand_in = reinterpret_cast<float*>(std::uintptr_t{256});
-    const uint32_t* const flag_stand_in = reinterpret_cast<const uint32_t*>(std::uintptr_t{256});
     typename Gemm::Arguments args;
-    if (!arguments(m, n, k, stand_in, kTransposedA ? m : ld_small(k), stand_in, n, stand_in, n, args,
-                   stand_in, flag_stand_in).ok())
+    if (!arguments(m, n, k, stand_in, kTransposedA ? m : ld_small(k), stand_in, n, stand_in, n, args).ok())
       return 0;
     const std::size_t kernel_bytes = Gemm::get_workspace_size(args);
     return kPresplit ? presplit_parts_offset(kernel_bytes) + presplit_bytes(m, k, a_given_transposed) : kernel_bytes;

@@ -44,9 +44,8 @@ struct GemmStats3xTf32PresplitKernel {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   // The workspace: the kernel's own part, rounded up to 256 bytes, then x's small parts (M, K) dense
-  // and the split pass's inf / NaN flag.
-  static Status arguments(const GemmStatsArgs& a, const float* x_small, const uint32_t* x_special,
-                          typename Gemm::Arguments& out) {
+  // and the split pass's inf / NaN flag. run() sets their pointers in the arguments.
+  static Status arguments(const GemmStatsArgs& a, typename Gemm::Arguments& out) {
     FUSED_RETURN_IF_ERROR(validate<GemmStats3xTf32PresplitKernel>(a));
     cutlass::KernelHardwareInfo hw_info;
     if (cudaGetDevice(&hw_info.device_id) != cudaSuccess)
@@ -74,7 +73,7 @@ struct GemmStats3xTf32PresplitKernel {
         cutlass::gemm::GemmUniversalMode::kGemm,
         {int(a.N), int(a.M), int(a.K), 1},
         {static_cast<const uint32_t*>(a.w), stride_w, static_cast<const uint32_t*>(a.x), stride_x,
-         reinterpret_cast<const uint32_t*>(x_small), stride_x_small, x_special},
+         nullptr, stride_x_small, nullptr},
         {fusion_args, nullptr, stride_c, a.y, stride_d},
         hw_info};
     return Status::Ok();
@@ -83,14 +82,14 @@ struct GemmStats3xTf32PresplitKernel {
   static std::size_t workspace_bytes(const GemmStatsArgs& given) {
     const GemmStatsArgs a = with_stand_ins(given);
     typename Gemm::Arguments args;
-    if (!arguments(a, static_cast<const float*>(a.x), static_cast<const uint32_t*>(a.x), args).ok()) return 0;
+    if (!arguments(a, args).ok()) return 0;
     return presplit_parts_offset(Gemm::get_workspace_size(args)) + std::size_t(a.M * a.K) * 4 + 16;
   }
 
   static Status run(const GemmStatsArgs& a, void* workspace, cudaStream_t stream) {
     if (workspace == nullptr) return {StatusCode::kInvalidArgument, "sm90 gemm_stats (3xTF32): workspace required"};
     typename Gemm::Arguments args;
-    FUSED_RETURN_IF_ERROR(arguments(a, nullptr, nullptr, args));
+    FUSED_RETURN_IF_ERROR(arguments(a, args));
     // x's small parts and the flag go after the kernel's own workspace, whose size the arguments give.
     float* x_small = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
                                               presplit_parts_offset(Gemm::get_workspace_size(args)));
