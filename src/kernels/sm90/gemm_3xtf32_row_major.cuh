@@ -32,6 +32,19 @@ namespace fused::sm90::detail {
 #if FUSED_3XTF32_PRESPLIT && FUSED_3XTF32_TRANSPOSED_A
 #error "the presplit kernel reads a as stored (its B must be K-major)"
 #endif
+// The presplit form's tile scheduler: 1 (the default) CUTLASS's stream-K scheduler with its heuristic,
+// which splits the K loops of the last two waves' tiles over every CTA where the last wave would be
+// under half full, and runs data-parallel otherwise. dW at the headline is 4096 tiles on 132 SMs: 31
+// full waves and 4 tiles, so 4 CTAs ran a 32nd tile while 128 waited. H100, 1024 x 8192 x 8192,
+// alternating builds: dW 1.081 / 1.089 ms against 1.100 / 1.129 data-parallel; dx (a 64 x 8 grid, the
+// last wave 88 % full) runs data-parallel either way. The partial tiles are added in a fixed order
+// (deterministic reduction). For A/B runs: 0 the persistent data-parallel scheduler; 2 stream-K
+// wherever the last wave is not full (dx 1.063 / 1.069 ms against 0.984 / 0.987: the split tiles' partial
+// accumulators cost more than the quarter-empty wave; the forward kernel, measured the same way, 1254
+// against 1168 us).
+#ifndef FUSED_3XTF32_STREAM_K
+#define FUSED_3XTF32_STREAM_K 1
+#endif
 
 namespace {  // each TU's own kernel type
 
@@ -70,8 +83,10 @@ struct Gemm3xTf32RowMajor {
   static_assert(CollectiveMainloop::kTransposeB == kTransposedA, "B's major follows a's layout");
 #endif
 
+  static constexpr int kStreamK = kPresplit ? FUSED_3XTF32_STREAM_K : 0;
+  using SchedulerTag = std::conditional_t<kStreamK != 0, SplitKSchedulerTag, cutlass::gemm::PersistentScheduler>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+                                                          CollectiveEpilogue, SchedulerTag>;
   static_assert(int(GemmKernel::SharedStorageSize) <= kSm90SharedMemoryBytes, "shared memory overflow");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
@@ -122,6 +137,17 @@ struct Gemm3xTf32RowMajor {
                                    mainloop,
                                    {{1.0f, 0.0f}, nullptr, stride_c, c, stride_d},
                                    hw_info};
+    // Large grids (swizzles_large_grid; dW at the headline: 64 x 64 tiles): swizzle 4, so that the CTAs
+    // running together share their operand tiles in L2. Nsight Compute had that dW at 90 % of L2 and
+    // 64 % of DRAM throughput (dx, a 64 x 8 grid: 60 % and 18 %); H100, dW 1024 x 8192 x 8192: 1.111
+    // against 1.165 ms, the pass included; dx unchanged. The kernel's (m, n) is the problem's (n, m).
+    if (swizzles_large_grid(n, m, kTileM, kTileN)) out.scheduler.max_swizzle_size = 4;
+#if FUSED_3XTF32_PRESPLIT && FUSED_3XTF32_STREAM_K  // (not `if constexpr`: a plain struct, both branches compile)
+    using Scheduler = typename Gemm::GemmKernel::TileScheduler;
+    out.scheduler.reduction_mode = Scheduler::ReductionMode::Deterministic;  // same bits run to run
+    out.scheduler.decomposition_mode =
+        kStreamK == 2 ? Scheduler::DecompositionMode::StreamK : Scheduler::DecompositionMode::Heuristic;
+#endif
     return Status::Ok();
   }
 
@@ -163,11 +189,6 @@ struct Gemm3xTf32RowMajor {
     (void)a_given_transposed;  // the in-loop forms read a in the instantiation's own layout (kTransposedA)
     FUSED_RETURN_IF_ERROR(arguments(m, n, k, a, lda, b, ldb, c, ldc, args));
 #endif
-    // Large grids (swizzles_large_grid; dW at the headline: 64 x 64 tiles): swizzle 4, so that the CTAs
-    // running together share their operand tiles in L2. Nsight Compute had that dW at 90 % of L2 and
-    // 64 % of DRAM throughput (dx, a 64 x 8 grid: 60 % and 18 %); H100, dW 1024 x 8192 x 8192: 1.111
-    // against 1.165 ms, the pass included; dx unchanged. The kernel's (m, n) is the problem's (n, m).
-    if (swizzles_large_grid(n, m, kTileM, kTileN)) args.scheduler.max_swizzle_size = 4;
     return launch_gemm<Gemm>(args, workspace, stream);
   }
 };

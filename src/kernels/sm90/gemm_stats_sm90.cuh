@@ -37,7 +37,8 @@
 
 namespace fused::sm90::detail {
 
-// CUTLASS 4.2's stream-K scheduler, used by the split-K tile in its split-K mode, with two changes:
+// CUTLASS 4.2's stream-K scheduler, used by the split-K tile in its split-K mode and by the backward's
+// presplit 3xTF32 GEMM in its stream-K heuristic (gemm_3xtf32_row_major.cuh), with two changes:
 // - fixup(): the peers of a tile store their partials concurrently into one slot each and only the
 //   final peer waits, instead of CUTLASS's deterministic chain, where each peer waits for the one
 //   before it and the final peer is the end of splits - 1 dependent read-add-write rounds through L2.
@@ -49,7 +50,9 @@ namespace fused::sm90::detail {
 //   CUTLASS_ENABLE_GDC_FOR_SM90, after a unit's K loop, to let the next kernel launch early (a hint:
 //   the next kernel still waits for this grid to complete before it reads anything, griddepcontrol.wait).
 //   With the split counts the library picks every CTA runs one unit, so its first is its last; with a
-//   forced count a CTA may run more and the hint comes early. CUTLASS's own version does not compile
+//   forced count, or in the stream-K heuristic (many units a CTA), the hint comes early, which changes
+//   no result: the next kernel's CTAs cannot be resident beside these persistent ones anyway (their
+//   registers and shared memory fill the SM) until they exit. CUTLASS's own version does not compile
 //   there (a const method binds a member to a non-const reference).
 template <class TileShape, class ClusterShape>
 class SplitKScheduler
@@ -103,7 +106,7 @@ class SplitKScheduler
   CUTLASS_DEVICE static void fixup(Params const& params, WorkTileInfo const& work, FrgTensorC& accumulators,
                                    uint32_t num_barriers, uint32_t barrier_idx) {
     const uint32_t splits = params.divmod_splits_.divisor;
-    if (splits <= 1) {  // a stream-K decomposition, which the library does not run: CUTLASS's own reduction
+    if (splits <= 1) {  // a stream-K decomposition (or data-parallel): CUTLASS's own reduction
       Base::fixup(params, work, accumulators, num_barriers, barrier_idx);
       return;
     }
