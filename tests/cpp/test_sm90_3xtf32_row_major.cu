@@ -44,7 +44,14 @@ const char* form(const Case& s) {
                           : " (in-loop split)";
 }
 
-// c = a b on the GPU; a and b row-major on the host (m, k) and (k, n); c poisoned with NaN first.
+// Bytes after the workspace that the kernel must leave as they were: more than a split-K reduction's
+// slots at the test shapes (the thin dx case: 60 of 64 KiB), so that a workspace query short of
+// what the kernel uses shows as a changed guard, not as a race with whatever lies there.
+constexpr size_t kWorkspaceGuardBytes = size_t(8) << 20;
+constexpr unsigned char kGuardByte = 0x5A;
+
+// c = a b on the GPU; a and b row-major on the host (m, k) and (k, n); c poisoned with NaN first; the
+// bytes after the workspace checked untouched.
 std::vector<float> device_product(const Case& s, const std::vector<float>& a, const std::vector<float>& b) {
   const int64_t m = s.m, n = s.n, k = s.k;
   std::vector<float> a_given = a;  // as the kernel reads it
@@ -58,7 +65,8 @@ std::vector<float> device_product(const Case& s, const std::vector<float>& a, co
   EXPECT_EQ(cudaMalloc(&d_b, b.size() * 4), cudaSuccess);
   EXPECT_EQ(cudaMalloc(&d_c, m * n * 4), cudaSuccess);
   const size_t ws_bytes = fused::sm90::gemm_3xtf32_row_major_workspace_bytes(m, n, k, s.a_transposed, s.small_parts);
-  EXPECT_EQ(cudaMalloc(&ws, ws_bytes > 0 ? ws_bytes : 1), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&ws, ws_bytes + kWorkspaceGuardBytes), cudaSuccess);
+  EXPECT_EQ(cudaMemset(static_cast<unsigned char*>(ws) + ws_bytes, kGuardByte, kWorkspaceGuardBytes), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d_a, a_given.data(), a.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d_b, b.data(), b.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemset(d_c, 0xFF, m * n * 4), cudaSuccess);  // NaN: unwritten elements show
@@ -67,6 +75,13 @@ std::vector<float> device_product(const Case& s, const std::vector<float>& a, co
   EXPECT_TRUE(st.ok()) << st.message;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(c.data(), d_c, c.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<unsigned char> guard(kWorkspaceGuardBytes);
+  EXPECT_EQ(cudaMemcpy(guard.data(), static_cast<unsigned char*>(ws) + ws_bytes, guard.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  size_t changed = 0;
+  for (unsigned char g : guard) changed += g != kGuardByte;
+  EXPECT_EQ(changed, 0u) << "the kernel wrote past the workspace that gemm_3xtf32_row_major_workspace_bytes gave ("
+                         << ws_bytes << " bytes)";
   cudaFree(d_a), cudaFree(d_b), cudaFree(d_c), cudaFree(ws);
   return c;
 }
@@ -112,12 +127,16 @@ void expect_as_accurate_as_exact_fp32(const Case& s) {
   EXPECT_LE(e3, k >= 1024 ? e32 : 3 * e32);
 }
 
-// dx (M, K) = dy (M, N) W (N, K): m = M, n = K, k = N.
+// dx (M, K) = dy (M, N) W (N, K): m = M, n = K, k = N. Grids of a few tiles with long K have their K
+// loops spread over the GPU in the presplit form (CUTLASS's stream-K heuristic): 128 x 256 x 8192 is two
+// tiles split 32 ways, 4 x 256 x 8192 too, with partial tiles that need more than the thin a's
+// workspace; 4 x 1024 x 8192 is 8 tiles in stream-K units over 132 CTAs.
 TEST(Sm90Gemm3xTf32RowMajor, DxShapes) {
   if (!have_sm90()) GTEST_SKIP() << "needs a CUDA device of compute capability 9.x";
   for (const SmallParts parts : {SmallParts::kPresplit, SmallParts::kInLoop})
     for (Case s : {Case{"dx", 256, 512, 1024}, Case{"dx", 200, 132, 64}, Case{"dx", 128, 256, 4096},
-                   Case{"dx", 128, 256, 8192}, Case{"dx", 130, 260, 36}}) {
+                   Case{"dx", 128, 256, 8192}, Case{"dx", 130, 260, 36}, Case{"dx", 4, 256, 8192},
+                   Case{"dx", 4, 1024, 8192}}) {
       s.small_parts = parts;
       expect_as_accurate_as_exact_fp32(s);
     }

@@ -84,7 +84,7 @@ struct Gemm3xTf32RowMajor {
 #endif
 
   static constexpr int kStreamK = kPresplit ? FUSED_3XTF32_STREAM_K : 0;
-  using SchedulerTag = std::conditional_t<kStreamK != 0, SplitKSchedulerTag, cutlass::gemm::PersistentScheduler>;
+  using SchedulerTag = std::conditional_t<kStreamK != 0, StreamKSchedulerTag, cutlass::gemm::PersistentScheduler>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, SchedulerTag>;
   static_assert(int(GemmKernel::SharedStorageSize) <= kSm90SharedMemoryBytes, "shared memory overflow");

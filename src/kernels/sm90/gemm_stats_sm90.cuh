@@ -37,28 +37,19 @@
 
 namespace fused::sm90::detail {
 
-// CUTLASS 4.2's stream-K scheduler, used by the split-K tile in its split-K mode and by the backward's
-// presplit 3xTF32 GEMM in its stream-K heuristic (gemm_3xtf32_row_major.cuh), with two changes:
-// - fixup(): the peers of a tile store their partials concurrently into one slot each and only the
-//   final peer waits, instead of CUTLASS's deterministic chain, where each peer waits for the one
-//   before it and the final peer is the end of splits - 1 dependent read-add-write rounds through L2.
-//   H200, the kernel alone on the GPU at 1024x512x4096 with 4 splits: bf16 19.7 us against 23.7 with
-//   the chain (15.2 without any reduction, a bound), tf32 24.7 against 27.8; at 8 splits (16 tiles)
-//   22.3 against 30.7; level at 2 splits. The workspace grows by splits - 2 slots per tile (the first
-//   peer uses CUTLASS's slot).
-// - is_last_tile() answers true for every work unit. The cooperative kernel asks it, under
-//   CUTLASS_ENABLE_GDC_FOR_SM90, after a unit's K loop, to let the next kernel launch early (a hint:
-//   the next kernel still waits for this grid to complete before it reads anything, griddepcontrol.wait).
-//   With the split counts the library picks every CTA runs one unit, so its first is its last; with a
-//   forced count, or in the stream-K heuristic (many units a CTA), the hint comes early, which changes
-//   no result: the next kernel's CTAs cannot be resident beside these persistent ones anyway (their
-//   registers and shared memory fill the SM) until they exit. CUTLASS's own version does not compile
-//   there (a const method binds a member to a non-const reference).
+// CUTLASS 4.2's stream-K scheduler whose is_last_tile() compiles under CUTLASS_ENABLE_GDC_FOR_SM90
+// (CUTLASS's own binds a member to a non-const reference in a const method). It answers true for every
+// work unit: the cooperative kernel asks it after a unit's K loop, to let the next kernel launch early
+// (a hint: the next kernel still waits for this grid to complete before it reads anything,
+// griddepcontrol.wait). Where a CTA runs more units than one the hint comes early, which changes no
+// result. Everything else is CUTLASS's: the decomposition (data-parallel, split-K, stream-K, as
+// Arguments pick), the workspace, and the deterministic fixup. The backward's presplit 3xTF32 GEMM runs
+// it in CUTLASS's heuristic (gemm_3xtf32_row_major.cuh), where the decomposition, split-K included, is
+// chosen per problem: so the fixup and workspace must stay CUTLASS's, which agree in every mode.
 template <class TileShape, class ClusterShape>
-class SplitKScheduler
+class StreamKScheduler
     : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape> {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape>;
-  static constexpr uint64_t kTileElements = uint64_t(cute::size<0>(TileShape{})) * cute::size<1>(TileShape{});
 
  public:
   using Base::Base;
@@ -68,6 +59,30 @@ class SplitKScheduler
 
   template <class Tile>
   CUTLASS_DEVICE bool is_last_tile(Tile, uint32_t = 1) const { return true; }
+};
+// The tag that selects it (GemmUniversal's tile-scheduler parameter).
+struct StreamKSchedulerTag {};
+
+// The split-K tile's scheduler: StreamKScheduler in CUTLASS's split-K mode with a split count the
+// library sets (GemmStatsArgs::k_splits, else split_k_count), and its own fixup():
+// - the peers of a tile store their partials concurrently into one slot each and only the final peer
+//   waits, instead of CUTLASS's deterministic chain, where each peer waits for the one before it and the
+//   final peer is the end of splits - 1 dependent read-add-write rounds through L2. H200, the kernel
+//   alone on the GPU at 1024x512x4096 with 4 splits: bf16 19.7 us against 23.7 with the chain (15.2
+//   without any reduction, a bound), tf32 24.7 against 27.8; at 8 splits (16 tiles) 22.3 against 30.7;
+//   level at 2 splits. The workspace grows by splits - 2 slots per tile (the first peer uses CUTLASS's
+//   slot): get_workspace_size adds them for Arguments in split-K mode only, so this scheduler must not
+//   run a mode where CUTLASS picks the split count itself (its heuristic).
+template <class TileShape, class ClusterShape>
+class SplitKScheduler : public StreamKScheduler<TileShape, ClusterShape> {
+  using Base = StreamKScheduler<TileShape, ClusterShape>;
+  static constexpr uint64_t kTileElements = uint64_t(cute::size<0>(TileShape{})) * cute::size<1>(TileShape{});
+
+ public:
+  using Base::Base;
+  using typename Base::Arguments;
+  using typename Base::Params;
+  using typename Base::WorkTileInfo;
 
   // CUTLASS's workspace (one slot per tile, then the counters), then splits - 2 more slots per tile.
   template <class ProblemShape, class ElementAccumulator>
@@ -106,7 +121,7 @@ class SplitKScheduler
   CUTLASS_DEVICE static void fixup(Params const& params, WorkTileInfo const& work, FrgTensorC& accumulators,
                                    uint32_t num_barriers, uint32_t barrier_idx) {
     const uint32_t splits = params.divmod_splits_.divisor;
-    if (splits <= 1) {  // a stream-K decomposition (or data-parallel): CUTLASS's own reduction
+    if (splits <= 1) {  // not split-K (the library does not run this scheduler so): CUTLASS's own reduction
       Base::fixup(params, work, accumulators, num_barriers, barrier_idx);
       return;
     }
@@ -180,6 +195,11 @@ struct SplitKSchedulerTag {};
 }  // namespace fused::sm90::detail
 
 namespace cutlass::gemm::kernel::detail {
+template <class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<fused::sm90::detail::StreamKSchedulerTag, arch::Sm90, TileShape, ClusterShape,
+                             SchedulerPipelineStageCount> {
+  using Scheduler = fused::sm90::detail::StreamKScheduler<TileShape, ClusterShape>;
+};
 template <class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
 struct TileSchedulerSelector<fused::sm90::detail::SplitKSchedulerTag, arch::Sm90, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
