@@ -2,7 +2,8 @@
 (out * g).sum(), backward) captured in a CUDA graph and replayed; its GPU time per step (median of 50
 replays, with the range, and again after profiling), each kernel group's profiled time per step, and
 the step's critical path (pipeline_breakdown.critical_path: each kernel charged from its
-predecessor's end); with --kernels, also every kernel of one step in launch order. The lines match bench/ab_rounds.py's default pattern, so two builds compare with
+predecessor's end); with --kernels, also every kernel of one step in launch order. The lines match
+bench/ab_rounds.py's default pattern, so two builds compare with
 
   python bench/ab_rounds.py --rounds 3 --setting base=TREE=$PWD --setting v=TREE=/tmp/variant_v/tree \\
       -- bash -c 'exec python3 "$TREE/bench/train_step_breakdown.py" --cases bf16:1024x8192x8192'
@@ -68,14 +69,13 @@ def main():
             for _ in range(replays):
                 graph.replay()
             torch.cuda.synchronize()
-        total, timeline, kernels = collections.defaultdict(float), [], []
+        total, kernels = collections.defaultdict(float), []
         for e in prof.events():
             if e.device_type != torch.autograd.DeviceType.CUDA:
                 continue
-            group = step_group(e.name)
-            total[group] += e.device_time_total / replays
-            timeline.append((group, e.time_range.start, e.time_range.end))
+            total[step_group(e.name)] += e.device_time_total / replays
             kernels.append((e.name, e.time_range.start, e.time_range.end))
+        timeline = [(step_group(name), start, end) for name, start, end in kernels]
         own, gap, span = pipeline_breakdown.critical_path(timeline, replays, calls_per_replay=1)
         med2, _, _ = bench_forward.time_ms(graph.replay, a.replays)
         key = f"{mode} {m}x{n}x{k}"
