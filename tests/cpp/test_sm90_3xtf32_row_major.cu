@@ -127,8 +127,8 @@ void expect_as_accurate_as_exact_fp32(const Case& s) {
   EXPECT_LE(e3, k >= 1024 ? e32 : 3 * e32);
 }
 
-// dx (M, K) = dy (M, N) W (N, K): m = M, n = K, k = N. Built with FUSED_3XTF32_STREAM_K=1 (CUTLASS's
-// stream-K heuristic), the presplit form spreads the K loops of grids of a few tiles over the GPU:
+// dx (M, K) = dy (M, N) W (N, K): m = M, n = K, k = N. Under CUTLASS's stream-K heuristic (the default,
+// FUSED_3XTF32_STREAM_K=1), the presplit form spreads the K loops of grids of a few tiles over the GPU:
 // 128 x 256 x 8192 is two tiles split 32 ways, 4 x 256 x 8192 too, with partial tiles that need more
 // than the thin a's workspace; 4 x 1024 x 8192 is 8 tiles in stream-K units over 132 CTAs.
 TEST(Sm90Gemm3xTf32RowMajor, DxShapes) {

@@ -32,21 +32,22 @@ namespace fused::sm90::detail {
 #if FUSED_3XTF32_PRESPLIT && FUSED_3XTF32_TRANSPOSED_A
 #error "the presplit kernel reads a as stored (its B must be K-major)"
 #endif
-// The presplit form's tile scheduler. 0 (the default): CUTLASS's persistent data-parallel scheduler.
-// 1: its stream-K scheduler with its heuristic (StreamKScheduler in gemm_stats_sm90.cuh), which splits
-// the K loops of the last two waves' tiles over every CTA where the last wave would be under half full,
-// and for grids of a few tiles with long K picks split-K (e.g. 2 tiles split 32 ways). dW at the
-// headline is 4096 tiles on 132 SMs: 31 full waves and 4 tiles, so 4 CTAs run a 32nd tile while 128
-// wait. H100, 1024 x 8192 x 8192, alternating builds: dW 1.081 / 1.089 ms against 1.100 / 1.129
-// data-parallel; dx (the last wave 88 % full) stays data-parallel. The first build of 1 ran the
-// library's split-K fixup (SplitKScheduler), whose workspace query counts its extra slots only for
-// split-K Arguments, so the heuristic's split-K wrote past what the workspace query gave; 1 now runs
-// CUTLASS's own fixup and workspace in every mode, which has not yet run on a GPU: hence still 0 here.
+// The presplit form's tile scheduler. 0: CUTLASS's persistent data-parallel scheduler.
+// 1 (the default): its stream-K scheduler with its heuristic (StreamKScheduler in gemm_stats_sm90.cuh), which
+// splits the K loops of the last two waves' tiles over every CTA where the last wave would be under half
+// full, and for grids of a few tiles with long K picks split-K (e.g. 2 tiles split 32 ways). dW at the
+// headline is 4096 tiles on 132 SMs: 31 full waves and 4 tiles, so 4 CTAs run a 32nd tile while 128 wait.
+// H100, 1024 x 8192 x 8192, alternating builds: dW 1.081 / 1.089 ms against 1.100 / 1.129 data-parallel; dx
+// (the last wave 88 % full) stays data-parallel. The first build of 1 ran the library's split-K fixup
+// (SplitKScheduler), whose workspace query counts its extra slots only for split-K Arguments, so the
+// heuristic's split-K wrote past what the workspace query gave (the row-major gtests' guard after the
+// workspace catches it: dx 4 x 256 x 8192 changed 3.8 MB of it). 1 now runs CUTLASS's own fixup and workspace
+// in every mode.
 // 2: stream-K wherever the last wave is not full (dx 1.063 / 1.069 ms against 0.984 / 0.987: the
 // split tiles' partial accumulators cost more than the quarter-empty wave; the forward kernel,
 // measured the same way, 1254 against 1168 us).
 #ifndef FUSED_3XTF32_STREAM_K
-#define FUSED_3XTF32_STREAM_K 0
+#define FUSED_3XTF32_STREAM_K 1
 #endif
 
 namespace {  // each TU's own kernel type

@@ -37,15 +37,14 @@
 
 namespace fused::sm90::detail {
 
-// CUTLASS 4.2's stream-K scheduler whose is_last_tile() compiles under CUTLASS_ENABLE_GDC_FOR_SM90
-// (CUTLASS's own binds a member to a non-const reference in a const method). It answers true for every
-// work unit: the cooperative kernel asks it after a unit's K loop, to let the next kernel launch early
-// (a hint: the next kernel still waits for this grid to complete before it reads anything,
-// griddepcontrol.wait). Where a CTA runs more units than one the hint comes early, which changes no
-// result. Everything else is CUTLASS's: the decomposition (data-parallel, split-K, stream-K, as
-// Arguments pick), the workspace, and the deterministic fixup. The backward's presplit 3xTF32 GEMM built
-// with FUSED_3XTF32_STREAM_K=1 runs it in CUTLASS's heuristic (gemm_3xtf32_row_major.cuh), where the
-// decomposition, split-K included, is chosen per problem: so the fixup and workspace must stay
+// CUTLASS 4.2's stream-K scheduler whose is_last_tile() compiles under CUTLASS_ENABLE_GDC_FOR_SM90 (CUTLASS's
+// own binds a member to a non-const reference in a const method). It answers true for every work unit: the
+// cooperative kernel asks it after a unit's K loop, to let the next kernel launch early (a hint: the next
+// kernel still waits for this grid to complete before it reads anything, griddepcontrol.wait). Where a CTA
+// runs more units than one the hint comes early, which changes no result. Everything else is CUTLASS's: the
+// decomposition (data-parallel, split-K, stream-K, as Arguments pick), the workspace, and the deterministic
+// fixup. The backward's presplit 3xTF32 GEMM runs it in CUTLASS's heuristic (gemm_3xtf32_row_major.cuh),
+// where the decomposition, split-K included, is chosen per problem: so the fixup and workspace must stay
 // CUTLASS's, which agree in every mode.
 template <class TileShape, class ClusterShape>
 class StreamKScheduler
