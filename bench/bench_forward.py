@@ -708,12 +708,25 @@ def case_key(item):
     return tuple(item[:6])
 
 
-def new_result(iters, now):
+def tree_revision(directory):
+    """The commit the tree at `directory` is, for the results' "git" field: HEAD's short hash, with
+    "+changes" appended where tracked files differ from HEAD. A GPU machine's copy of the repository
+    may carry an older .git than the files it builds; then the suffix says the hash is not the tree's
+    (give the commit as GIT_REV there). "unknown" outside a repository."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=directory)
     try:
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode != 0 or not head.stdout.strip():
+            return "unknown"
+        changed = git("diff", "--quiet", "HEAD", "--").returncode != 0
     except OSError:
-        git = "unknown"
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if changed else "")
+
+
+def new_result(iters, now):
+    git = tree_revision(os.path.dirname(os.path.abspath(__file__)))
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "git": os.environ.get("GIT_REV", git), "date": now.isoformat(timespec="seconds"),
             "gpu": gpu_info(), "iters": iters, "command": " ".join(sys.argv[1:]), "complete": False, "records": []}

@@ -17,7 +17,8 @@
 # CMAKE_ARGS: extra configure arguments, e.g. -DFUSED_BUILD_GEMM_SWEEP=ON.
 # GIT_REV: the commit the benchmark JSON records (its "git" field). Give it in the command, e.g.
 # GIT_REV=d940439: the GPU machine's copy of the repository may hold an older .git than the tree it
-# builds, so `git rev-parse` there can name the wrong commit.
+# builds, so `git rev-parse` there can name the wrong commit (without GIT_REV the JSON then records
+# that commit with "+changes" appended: tracked files differ from it).
 # Nothing is downloaded: the nvidia-cutlass wheel and the googletest .debs come from .device_cache/
 # (filled by tools/prepare_device_cache.sh on a machine with internet access).
 set -uo pipefail

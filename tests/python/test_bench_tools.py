@@ -88,6 +88,28 @@ def test_resume_skips_exactly_the_measured_cases():
     assert {t[0] for t in left} == {"small-k"} and len(left) == 4  # K = 64 and 128, bf16 and tf32
 
 
+def test_results_name_the_tree_they_measured(tmp_path):
+    import bench_forward
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    assert bench_forward.tree_revision(str(tmp_path)) == "unknown"  # not a repository
+    git("init", "-q")
+    (tmp_path / "kernel.cu").write_text("one\n")
+    git("add", "kernel.cu")
+    git("commit", "-q", "-m", "first")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert bench_forward.tree_revision(str(tmp_path)) == head
+    (tmp_path / "notes.txt").write_text("untracked files do not count\n")
+    assert bench_forward.tree_revision(str(tmp_path)) == head
+    # a tracked file that differs from HEAD (as on a GPU machine whose .git is older than its files)
+    (tmp_path / "kernel.cu").write_text("two\n")
+    assert bench_forward.tree_revision(str(tmp_path)) == head + "+changes"
+
+
 def test_ncu_summary_of_the_generic_path():
     report = os.path.join(BENCH, "results", "ncu-h200-2026-11-29-bf16-generic.txt")
     kernels = ncu_summary.parse(open(report).read())
