@@ -13,6 +13,17 @@
 
 namespace fused::cpu {
 
+// The row softmax's logit is fmaf(a, y - shift, c), the kernels' rounding. Built for baseline x86-64
+// (no FMA instruction), fmaf is a call into libm per element: about half of row_softmax's time, and
+// row_softmax was 14 % of a CPU forward's samples (256 x 1024 x 1024 fp32; the GEMM 53 %). A second
+// copy for CPUs with FMA, chosen when the library loads, computes the same bits inline: row_softmax
+// 7.8 %, the call 4.95 -> 4.36 ms on this 2-core machine (`python -m gemm_bn_softmax --dtype fp32`).
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define FUSED_CPU_FMA_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define FUSED_CPU_FMA_CLONES
+#endif
+
 void column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnStatsPartials& out) {
   // Two passes per row tile (mean, then squared deviations): exact for any |mean| / std.
   std::vector<double> sum(static_cast<size_t>(N));
@@ -49,8 +60,14 @@ void finalize(const ColumnStatsPartials& partials, int64_t M, int64_t N, const B
 }
 
 namespace {
+// Inlined into row_softmax, so that each of its copies compiles this loop for its own target.
+#if defined(__GNUC__)
+#define FUSED_CPU_INLINE __attribute__((always_inline)) inline
+#else
+#define FUSED_CPU_INLINE inline
+#endif
 template <class Store>
-void softmax_rows(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, float* row_lse,
+FUSED_CPU_INLINE void softmax_rows(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& f, float* row_lse,
                   Store store) {
   std::vector<float> z(static_cast<size_t>(N));
   for (int64_t i = 0; i < M; ++i) {
@@ -73,8 +90,8 @@ void softmax_rows(const float* y, int64_t ldy, int64_t M, int64_t N, const Colum
 }
 }  // namespace
 
-void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine, void* out,
-                 int64_t ldo, ElementType dtype, float* row_lse) {
+FUSED_CPU_FMA_CLONES void row_softmax(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnAffine& affine,
+                                      void* out, int64_t ldo, ElementType dtype, float* row_lse) {
   switch (dtype) {
     case ElementType::kFloat32: {
       auto* o = static_cast<float*>(out);
