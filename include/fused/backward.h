@@ -113,7 +113,7 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
 // workspace function says how much). fp32-grade accuracy on TF32 tensor cores (the forward's 3xTF32
 // kernels, without statistics or bias). Needs the sm90 build and a Hopper GPU; n, lda, ldb and ldc
 // multiples of 4, and k (a as stored) or m (a transposed) too; 16-byte aligned pointers; else
-// kNotSupported with the reason, nothing launched. m, n, k > 0.
+// kNotSupported with the reason, nothing launched. 0 < m, n, k < 2^31 (else kInvalidArgument, kNotSupported).
 std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_transposed = false);
 Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                    int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream,

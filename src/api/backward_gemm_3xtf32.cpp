@@ -47,13 +47,17 @@ std::size_t gemm_3xtf32_workspace_bytes(int64_t m, int64_t n, int64_t k, bool a_
 Status gemm_3xtf32(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                    int64_t ldc, void* workspace, std::size_t workspace_size, cudaStream_t stream, bool a_transposed) {
 #if defined(FUSED_WITH_SM90)
-  FUSED_RETURN_IF_ERROR(require_hopper());
+  // The arguments first: their errors do not depend on the device.
   if (m <= 0 || n <= 0 || k <= 0) return {StatusCode::kInvalidArgument, "3xTF32 GEMM: m, n and k must be positive"};
+  constexpr int64_t kInt32Limit = int64_t{1} << 31;  // the kernel's problem shape is int
+  if (m >= kInt32Limit || n >= kInt32Limit || k >= kInt32Limit)
+    return {StatusCode::kNotSupported, "3xTF32 GEMM: m, n and k must be below 2^31"};
   if (lda < (a_transposed ? m : k) || ldb < n || ldc < n)
     return {StatusCode::kInvalidArgument, a_transposed ? "3xTF32 GEMM: a row stride is shorter than its row (lda < m "
                                                          "with a given transposed, ldb < n or ldc < n)"
                                                        : "3xTF32 GEMM: a row stride is shorter than its row (lda < k, "
                                                          "ldb < n or ldc < n)"};
+  FUSED_RETURN_IF_ERROR(require_hopper());
   FUSED_RETURN_IF_ERROR(require_tma_layout(m, n, k, a, lda, a_transposed, b, ldb, c, ldc));
   if (workspace_size < gemm_3xtf32_workspace_bytes(m, n, k, a_transposed))
     return {StatusCode::kInvalidArgument, "3xTF32 GEMM: workspace smaller than gemm_3xtf32_workspace_bytes()"};

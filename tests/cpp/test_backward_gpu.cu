@@ -286,6 +286,24 @@ TEST(BackwardGpuDataParallel, RankSplitMatchesTheWholeBatch) {
   for (double v : summed(gbias)) ASSERT_EQ(v, 0.0);
 }
 
+// Sizes the 3xTF32 GEMM's 32-bit problem shape cannot hold are refused before anything touches the
+// device (so this runs without a GPU), with the reason; a build without sm90 kernels refuses every call.
+TEST(BackwardGemm3xTf32, RefusesSizesFrom2To31) {
+  const int64_t big = int64_t{1} << 31;
+  const int64_t shapes[][3] = {{big, 8, 8}, {8, big, 8}, {8, 8, big}};
+  for (const auto& s : shapes) {
+    const int64_t m = s[0], n = s[1], k = s[2];
+    const Status st = cuda::gemm_3xtf32(m, n, k, nullptr, k, nullptr, n, nullptr, n, nullptr, 0, nullptr);
+    EXPECT_EQ(st.code, StatusCode::kNotSupported) << m << "x" << n << "x" << k;
+    if (std::strstr(st.message, "holds no sm90 kernels") == nullptr)
+      EXPECT_NE(std::strstr(st.message, "below 2^31"), nullptr) << st.message;
+  }
+  // One below the limit passes that check and stops at a later one (no GPU, no workspace, no pointers).
+  const Status st = cuda::gemm_3xtf32(big - 4, 8, 8, nullptr, 8, nullptr, 8, nullptr, 8, nullptr, 0, nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(std::strstr(st.message, "below 2^31"), nullptr) << st.message;
+}
+
 // The backward's 3xTF32 GEMM (fused::cuda::gemm_3xtf32): c = a b, row-major, on row strides wider
 // than the rows, against float64 and a sequential fp32 dot product (the same operands, N(0,1)): no
 // less accurate than exact fp32 at K = 1028, the elements outside c's rows left as they were; its
