@@ -15,7 +15,10 @@ constexpr double kLog2e = 1.4426950408889634;
 struct SharedColumnMaps {
   float shift[kBlockColumns], invstd[kBlockColumns], a2[kBlockColumns], c2[kBlockColumns];
 
-  // Columns [c0, c0 + 256); the block's 256 threads each fill one (columns >= N: zeros).
+  // Columns [c0, c0 + 256); the block's 256 threads each fill one (columns >= N: zeros, and a logit of
+  // -inf). The element-wise paths compute a thread's 8 columns past N too, with g = 0: their softmax
+  // must be 0, not exp2(-lse2), which overflows to inf for a row whose log-normaliser is below about
+  // -88.7 (every logit that low), and 0 * inf would make the row's dot NaN.
   __device__ __forceinline__ void fill(const BackwardProblem& p, const BackwardBuffers& b, int64_t c0, int t) {
     const int64_t col = c0 + t;
     detail::BackwardColumn k;
@@ -23,7 +26,7 @@ struct SharedColumnMaps {
     shift[t] = static_cast<float>(k.shift);
     invstd[t] = static_cast<float>(k.invstd);
     a2[t] = col < p.N ? static_cast<float>(k.a * kLog2e) : 0.f;
-    c2[t] = static_cast<float>(k.c * kLog2e);
+    c2[t] = col < p.N ? static_cast<float>(k.c * kLog2e) : -INFINITY;
   }
 };
 
