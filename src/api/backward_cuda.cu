@@ -118,7 +118,12 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
                 cudaStream_t stream) {
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(check_and_carve(p, b, workspace, workspace_size, w));
-  if (p.N == 0) return Status::Ok();
+  if (p.N == 0) {  // no columns: a scalar scale's gradient is a sum over none (zero bits in every dtype)
+    if (b.grad_scale != nullptr && b.scale_numel == 1)
+      return util::cuda_status(cudaMemsetAsync(b.grad_scale, 0, element_size(b.scale_dtype), stream),
+                               "CUDA backward: cudaMemsetAsync");
+    return Status::Ok();
+  }
   const float* r = w.r;
   if (b.rank_sums != nullptr) {  // data parallel: [B1] and [B2] ran in backward_column_sums
     r = static_cast<const float*>(b.row_dot);

@@ -108,7 +108,10 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
 Status backward(const BackwardProblem& p, const BackwardBuffers& b, const ParallelFor& parallel_for) {
   if (Status s = validate(p, b); !s.ok()) return s;
   const int64_t M = p.M, N = p.N;
-  if (N == 0) return Status::Ok();
+  if (N == 0) {  // no columns: a scalar scale's gradient is a sum over none
+    if (b.grad_scale != nullptr && b.scale_numel == 1) half_bits::store_double(b.grad_scale, b.scale_dtype, 0, 0.0);
+    return Status::Ok();
+  }
   const Rows rows(p, b);
 
   // [B1], [B2]: computed here, or (data parallel) given by backward_column_sums and the exchange.
