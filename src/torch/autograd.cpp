@@ -15,9 +15,12 @@
 // parameters and scale (not out: the backward recomputes the softmax in fp32 from y, more exactly
 // than out rounded to its dtype); x (in the compute dtype) only when weight needs a gradient,
 // weight only when x does. The backward of the
-// backward is not implemented: differentiating through it raises (never a silently wrong result).
+// backward is not implemented: differentiating through it raises (never a silently wrong result),
+// and so does forward-mode AD (dual tensors).
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -80,6 +83,11 @@ constexpr int kNumForwardArgs = 18;
 constexpr int kNumTensorArgs = 9;
 constexpr int kArgIndex[6] = {0 /*x*/, 1 /*weight*/, 2 /*bias*/, 3 /*bn_weight*/, 4 /*bn_bias*/, 8 /*scale*/};
 
+// The forward's input edges, kept in the autograd context (a capsule: saved_data holds IValues).
+struct InputEdges : torch::CustomClassHolder {
+  torch::autograd::edge_list edges;
+};
+
 class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -119,6 +127,12 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
                             wants[kGradX] ? in.weight : at::Tensor(),
                             any ? bn_weight.value_or(at::Tensor()) : at::Tensor(),
                             any ? bn_bias.value_or(at::Tensor()) : at::Tensor(), any ? scale : at::Tensor()});
+    // The gradient edges of x and weight (not the tensors: nothing more is saved), for
+    // raising_when_differentiated.
+    auto input_edges = c10::make_intrusive<InputEdges>();
+    if (wants[kGradX]) input_edges->edges.push_back(torch::autograd::impl::gradient_edge(x));
+    if (wants[kGradWeight]) input_edges->edges.push_back(torch::autograd::impl::gradient_edge(weight));
+    ctx->saved_data["input_edges"] = c10::IValue::make_capsule(std::move(input_edges));
     int64_t wants_bits = 0;
     for (int k = 0; k < 6; ++k) wants_bits |= static_cast<int64_t>(wants[k]) << k;
     ctx->saved_data["wants"] = wants_bits;
@@ -162,9 +176,41 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     take(kGradBnWeight, std::get<kGradBnWeight>(result));
     take(kGradBnBias, std::get<kGradBnBias>(result));
     take(kGradScale, std::get<kGradScale>(result));
+    if (at::GradMode::is_enabled()) return raising_when_differentiated(ctx, std::move(grads), saved);
+    return grads;
+  }
+
+ private:
+  // create_graph: the gradients depend on the inputs (grad x on x, through the softmax and the
+  // statistics), but the backward op is differentiable only where one of its own inputs requires
+  // grad (the fallback registered below); with x alone requiring grad its gradient would come back
+  // as a constant, and a gradient penalty or Hessian would be silently wrong. So every gradient
+  // returned under create_graph raises when differentiated, as @once_differentiable does in Python:
+  // each is its value behind an Error node whose edges lead to every differentiable input (x and
+  // weight through the edges the forward kept, the BN parameters and scale as saved), so that every
+  // path from a gradient back to an input runs through it (with only the gradients behind it,
+  // autograd.grad(..., inputs=x) would skip the node and return zero: a Hessian).
+  static variable_list raising_when_differentiated(AutogradContext* ctx, variable_list grads,
+                                                   const variable_list& saved) {
+    const c10::intrusive_ptr<torch::CustomClassHolder> kept = ctx->saved_data["input_edges"].toCapsule();
+    torch::autograd::edge_list edges = static_cast<const InputEdges*>(kept.get())->edges;
+    for (size_t i : {size_t{6}, size_t{7}, size_t{8}})  // bn_weight, bn_bias, scale
+      if (saved[i].defined() && saved[i].requires_grad()) edges.push_back(torch::autograd::impl::gradient_edge(saved[i]));
+    auto raising = c10::make_intrusive<torch::autograd::Error>(
+        "the backward of fused::gemm_bn_softmax is not differentiable (no double backward, Hessians or "
+        "gradient penalties through it)",
+        std::move(edges));
+    for (at::Tensor& g : grads) {
+      if (!g.defined()) continue;
+      g = g.tensor_data();  // the same values, without the backward's own history
+      torch::autograd::set_history(g, raising);
+    }
     return grads;
   }
 };
+
+bool has_forward_grad(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
+bool has_forward_grad(const OptTensor& t) { return defined(t) && has_forward_grad(*t); }
 
 Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
                                  const OptTensor& bn_weight, const OptTensor& bn_bias, const OptTensor& running_mean,
@@ -174,12 +220,15 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
                                  std::optional<at::ScalarType> compute_dtype,
                                  std::optional<at::ScalarType> out_dtype, bool keep_y,
                                  const OptString& group_name) {
-  // The backward reads y: keep it whenever this call can be differentiated.
+  // The backward reads y: keep it whenever this call can be differentiated. Dual tensors (forward-mode
+  // AD) take the autograd node too, whose missing jvp raises, instead of losing their tangents.
   const bool differentiable =
-      at::GradMode::is_enabled() &&
-      (x.requires_grad() || weight.requires_grad() || (defined(bias) && bias->requires_grad()) ||
-       (defined(bn_weight) && bn_weight->requires_grad()) || (defined(bn_bias) && bn_bias->requires_grad()) ||
-       scale.requires_grad());
+      (at::GradMode::is_enabled() &&
+       (x.requires_grad() || weight.requires_grad() || (defined(bias) && bias->requires_grad()) ||
+        (defined(bn_weight) && bn_weight->requires_grad()) || (defined(bn_bias) && bn_bias->requires_grad()) ||
+        scale.requires_grad())) ||
+      has_forward_grad(x) || has_forward_grad(weight) || has_forward_grad(bias) || has_forward_grad(bn_weight) ||
+      has_forward_grad(bn_bias) || has_forward_grad(scale);
   if (!differentiable) {
     // No gradient can be asked for: the op itself, without an autograd node (host time per call).
     const LinearInputs in = linear_inputs(x, weight, bias, compute_dtype);
