@@ -24,6 +24,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <string>
+#include <type_traits>
 
 #include "data_parallel.h"
 #include "op_common.h"
@@ -87,6 +89,19 @@ constexpr int kArgIndex[6] = {0 /*x*/, 1 /*weight*/, 2 /*bias*/, 3 /*bn_weight*/
 struct InputEdges : torch::CustomClassHolder {
   torch::autograd::edge_list edges;
 };
+
+// A node that raises `msg` when the engine reaches it. Autograd nodes are held by std::shared_ptr in
+// torch 2.11 and by c10::intrusive_ptr in 2.14: NodePtr is whichever an Edge holds (each branch is
+// compiled only for its own kind, ErrorNode being a template parameter).
+using NodePtr = decltype(torch::autograd::Edge::function);
+template <class ErrorNode = torch::autograd::Error>
+NodePtr raising_node(std::string msg, torch::autograd::edge_list&& edges) {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<ErrorNode>(std::move(msg), std::move(edges));
+  } else {
+    return c10::make_intrusive<ErrorNode>(std::move(msg), std::move(edges));
+  }
+}
 
 class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunction> {
  public:
@@ -196,7 +211,7 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     torch::autograd::edge_list edges = static_cast<const InputEdges*>(kept.get())->edges;
     for (size_t i : {size_t{6}, size_t{7}, size_t{8}})  // bn_weight, bn_bias, scale
       if (saved[i].defined() && saved[i].requires_grad()) edges.push_back(torch::autograd::impl::gradient_edge(saved[i]));
-    auto raising = c10::make_intrusive<torch::autograd::Error>(
+    const NodePtr raising = raising_node(
         "the backward of fused::gemm_bn_softmax is not differentiable (no double backward, Hessians or "
         "gradient penalties through it)",
         std::move(edges));
