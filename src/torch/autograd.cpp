@@ -235,6 +235,11 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
                                  std::optional<at::ScalarType> compute_dtype,
                                  std::optional<at::ScalarType> out_dtype, bool keep_y,
                                  const OptString& group_name) {
+  // As ATen's batch_norm: the running statistics are buffers, never differentiated.
+  for (const auto& [buffer, name] : {std::pair{&running_mean, "running_mean"}, std::pair{&running_var, "running_var"}})
+    TORCH_CHECK(!at::GradMode::is_enabled() || !defined(*buffer) || !(*buffer)->requires_grad(),
+                "fused::gemm_bn_softmax is not differentiable with respect to argument '", name,
+                "'. This input cannot have requires_grad True.");
   // The backward reads y: keep it whenever this call can be differentiated. Dual tensors (forward-mode
   // AD) take the autograd node too, whose missing jvp raises, instead of losing their tangents.
   const bool differentiable =

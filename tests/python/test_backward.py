@@ -249,6 +249,21 @@ def test_double_backward_raises(device):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_running_stats_requiring_grad_raise_as_in_batch_norm(device):
+    p, stats, _ = make_problem(12, 10, 16, torch.float32, device)
+    for name in ("rm", "rv"):
+        s = {k: v.clone() for k, v in stats.items()}
+        s[name].requires_grad_()
+        for training in (True, False):
+            with pytest.raises(RuntimeError, match="not differentiable with respect to argument 'running_"):
+                gbs.gemm_bn_softmax(p["x"], p["weight"], p["bias"], p["bn_weight"], p["bn_bias"], s["rm"], s["rv"],
+                                    scale=p["scale"], training=training)
+        with torch.no_grad():  # as F.batch_norm: allowed where nothing is recorded
+            gbs.gemm_bn_softmax(p["x"], p["weight"], p["bias"], p["bn_weight"], p["bn_bias"], s["rm"], s["rv"],
+                                scale=p["scale"], training=True)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
 def test_forward_mode_ad_raises(device):
     # Dual tensors (forward-mode AD) once passed through without their tangent: the output had none.
     import torch.autograd.forward_ad as fwAD
