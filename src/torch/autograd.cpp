@@ -142,11 +142,12 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
                             wants[kGradX] ? in.weight : at::Tensor(),
                             any ? bn_weight.value_or(at::Tensor()) : at::Tensor(),
                             any ? bn_bias.value_or(at::Tensor()) : at::Tensor(), any ? scale : at::Tensor()});
-    // The gradient edges of x and weight (not the tensors: nothing more is saved), for
+    // The gradient edges of x, weight and bias (not the tensors: nothing more is saved), for
     // raising_when_differentiated.
     auto input_edges = c10::make_intrusive<InputEdges>();
     if (wants[kGradX]) input_edges->edges.push_back(torch::autograd::impl::gradient_edge(x));
     if (wants[kGradWeight]) input_edges->edges.push_back(torch::autograd::impl::gradient_edge(weight));
+    if (wants[kGradBias]) input_edges->edges.push_back(torch::autograd::impl::gradient_edge(*bias));
     ctx->saved_data["input_edges"] = c10::IValue::make_capsule(std::move(input_edges));
     int64_t wants_bits = 0;
     for (int k = 0; k < 6; ++k) wants_bits |= static_cast<int64_t>(wants[k]) << k;
@@ -201,8 +202,8 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
   // grad (the fallback registered below); with x alone requiring grad its gradient would come back
   // as a constant, and a gradient penalty or Hessian would be silently wrong. So every gradient
   // returned under create_graph raises when differentiated, as @once_differentiable does in Python:
-  // each is its value behind an Error node whose edges lead to every differentiable input (x and
-  // weight through the edges the forward kept, the BN parameters and scale as saved), so that every
+  // each is its value behind an Error node whose edges lead to every differentiable input (x, weight
+  // and bias through the edges the forward kept, the BN parameters and scale as saved), so that every
   // path from a gradient back to an input runs through it (with only the gradients behind it,
   // autograd.grad(..., inputs=x) would skip the node and return zero: a Hessian).
   static variable_list raising_when_differentiated(AutogradContext* ctx, variable_list grads,

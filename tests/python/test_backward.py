@@ -242,6 +242,13 @@ def test_double_backward_raises(device):
         torch.autograd.functional.hessian(
             lambda v: (gbs.gemm_bn_softmax(v, p["weight"], p["bias"], p["bn_weight"], p["bn_bias"],
                                            scale=p["scale"]) * grad_out).sum(), p["x"])
+    # The Linear bias alone (in eval mode its gradient depends on it through the softmax).
+    b = p["bias"].detach().clone().requires_grad_()
+    out_b = gbs.gemm_bn_softmax(p["x"], p["weight"], b, p["bn_weight"], p["bn_bias"], stats["rm"].clone(),
+                                stats["rv"].clone(), scale=p["scale"], training=False)
+    gb, = torch.autograd.grad((out_b * grad_out).sum(), b, create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(gb.pow(2).sum(), b)
     # Without create_graph the first-order gradient is unchanged.
     x.grad = None
     (out * grad_out).sum().backward()
