@@ -32,6 +32,13 @@ FUSED_HOST_DEVICE constexpr bool batch_norm_batch_too_small(int64_t M, bool uses
 }
 #define FUSED_BATCH_TOO_SMALL_MESSAGE "Expected more than 1 value per channel when training"
 
+// And torch's batch_norm refuses eps = 0 with batch statistics: a column of zero batch variance would
+// get an infinite invstd, on which the exact and the folded BatchNorm maps disagree (NaN against c).
+FUSED_HOST_DEVICE constexpr bool batch_norm_eps_zero_refused(double eps, bool uses_batch_stats) {
+  return uses_batch_stats && eps == 0.0;
+}
+#define FUSED_EPS_ZERO_MESSAGE "batch_norm eps must be positive during training (with batch statistics)"
+
 // Data-parallel BatchNorm (nn.SyncBatchNorm's semantics): the statistics of the global batch, spread
 // over ranks. Each rank summarises its own rows as one record of rank_record_size(N) doubles,
 //   [count, mean[0..N), m2[0..N)]   (m2: sum of squared deviations from the rank's mean),

@@ -95,8 +95,9 @@ Status sm90_can_implement(const ForwardProblem& p, const ForwardBuffers& b) {
     return refuse(p, FUSED_SM90_REFUSAL("N and y's row stride must be multiples of 4 (TMA store of y)"));
   if (!aligned16_or_fresh(b.x) || !aligned16_or_fresh(b.weight) || !aligned16_or_fresh(b.y))
     return refuse(p, FUSED_SM90_REFUSAL("x, W and y must be 16-byte aligned (TMA)"));
-  if (p.M > 0x7fffffff || p.N > 0x7fffffff || p.K > 0x7fffffff)
-    return refuse(p, FUSED_SM90_REFUSAL("M, N and K must fit in int32"));
+  // The kernels round M and N up to whole tiles (of at most 256) in int.
+  if (p.M > 0x7fffffff - 255 || p.N > 0x7fffffff - 255 || p.K > 0x7fffffff)
+    return refuse(p, FUSED_SM90_REFUSAL("M and N must be below 2^31 - 256, K must fit in int32"));
   return Status::Ok();
 }
 

@@ -362,6 +362,7 @@ Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const Ba
                       std::size_t workspace_size, cudaStream_t stream) {
   ForwardProblem no_gemm = p;
   no_gemm.K = 0;  // the GEMM is done: x and W are not read
+  no_gemm.keep_y = true;  // ... and y is read: it must be given
   FUSED_RETURN_IF_ERROR(validate(no_gemm, b, bn));
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(carve(no_gemm, GemmPath::kGeneric, Form::kSteps, b.save_mean, workspace, workspace_size,

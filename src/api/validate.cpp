@@ -34,6 +34,7 @@ Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNor
   if ((bn.gamma == nullptr) != (bn.beta == nullptr))
     return invalid("bn_weight and bn_bias must be given together (affine)");
   if (!std::isfinite(bn.eps) || bn.eps < 0.0) return invalid("eps must be finite and non-negative");
+  if (batch_norm_eps_zero_refused(bn.eps, bn.uses_batch_stats())) return invalid(FUSED_EPS_ZERO_MESSAGE);
   if (bn.momentum > 1.0 || std::isnan(bn.momentum)) return invalid("momentum must be in [0, 1] or None");
   if (bn.scale == nullptr || (bn.scale_numel != 1 && bn.scale_numel != p.N))
     return invalid("scale must have 1 or N elements");

@@ -275,9 +275,26 @@ TEST(Validate, RejectsBadArguments) {
   EXPECT_TRUE(validate(p, b, bn).ok());
   bn.eps = -1.0;
   EXPECT_FALSE(validate(p, b, bn).ok());
+  bn.eps = 0.0;  // refused with batch statistics (torch's rule), allowed with running statistics in eval
+  EXPECT_FALSE(validate(p, b, bn).ok());
+  std::vector<float> rm(4, 0.f), rv(4, 1.f);
+  bn.running_mean = rm.data();
+  bn.running_var = rv.data();
+  bn.training = false;
+  EXPECT_TRUE(validate(p, b, bn).ok());
+  bn.training = true;
+  bn.running_mean = bn.running_var = nullptr;
   bn.eps = 1e-5;
   bn.scale_numel = 3;
   EXPECT_FALSE(validate(p, b, bn).ok());
+  bn.scale_numel = 1;
+  // forward_from_y reads y, kept or not: a null y is refused there (it was read).
+  p.keep_y = false;
+  b.y = nullptr;
+  EXPECT_TRUE(validate(p, b, bn).ok());  // a forward that never writes y may go without it
+  EXPECT_EQ(cpu::forward_from_y(p, b, bn).code, StatusCode::kInvalidArgument);
+  std::vector<double> record(2 * 4 + 1);
+  EXPECT_EQ(cpu::column_moments(p, nullptr, 4, record.data()).code, StatusCode::kInvalidArgument);
 }
 
 }  // namespace

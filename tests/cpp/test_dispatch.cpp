@@ -146,6 +146,15 @@ TEST_F(ChoosePath, TmaRulesAndForcedRefusals) {
   EXPECT_EQ(s.code, StatusCode::kNotSupported);
   EXPECT_NE(std::string(s.message).find("compute capability 9.x"), std::string::npos) << s.message;
 
+  // M or N within a tile of 2^31 (2^31 - 128: a multiple of 4): the kernels round them up to whole
+  // tiles in int.
+  for (const ForwardProblem& big : {problem(0x7fffffff - 127, 32, 64, ElementType::kBFloat16),
+                                    problem(64, 0x7fffffff - 127, 64, ElementType::kBFloat16)}) {
+    s = refusal(big, aligned(big), kH200);
+    EXPECT_EQ(s.code, StatusCode::kNotSupported);
+    EXPECT_NE(std::string(s.message).find("below 2^31 - 256"), std::string::npos) << s.message;
+  }
+
   const ForwardProblem exact = problem(64, 32, 64, ElementType::kFloat32);
   EXPECT_NE(std::string(refusal(exact, aligned(exact), kH200).message).find("exact fp32"), std::string::npos);
   EXPECT_EQ(choose(p, aligned(p), kH200, PathRequest::kGeneric), GemmPath::kGeneric);
