@@ -353,16 +353,12 @@ bool forward_needs_y_scratch(const ForwardProblem& p, GemmPath path) {
 }
 
 std::size_t forward_from_y_workspace_bytes(const ForwardProblem& p) {
-  ForwardProblem no_gemm = p;
-  no_gemm.K = 0;
-  return workspace_bytes(no_gemm, GemmPath::kGeneric, /*include_cublaslt_workspace=*/false);
+  return workspace_bytes(problem_from_y(p), GemmPath::kGeneric, /*include_cublaslt_workspace=*/false);
 }
 
 Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn, void* workspace,
                       std::size_t workspace_size, cudaStream_t stream) {
-  ForwardProblem no_gemm = p;
-  no_gemm.K = 0;  // the GEMM is done: x and W are not read
-  no_gemm.keep_y = true;  // ... and y is read: it must be given
+  const ForwardProblem no_gemm = problem_from_y(p);
   FUSED_RETURN_IF_ERROR(validate(no_gemm, b, bn));
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(carve(no_gemm, GemmPath::kGeneric, Form::kSteps, b.save_mean, workspace, workspace_size,

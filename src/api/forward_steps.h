@@ -9,6 +9,14 @@
 
 namespace fused {
 
+// The problem the steps after the GEMM see (forward_from_y, column_moments, on either device): the
+// GEMM is done, so x and W are not read (K = 0), and y is read, so it must be given (keep_y).
+inline ForwardProblem problem_from_y(ForwardProblem p) {
+  p.K = 0;
+  p.keep_y = true;
+  return p;
+}
+
 namespace cpu {
 // Row tiles of `row_tile` rows, as the CUDA partials.
 void column_partials(const float* y, int64_t ldy, int64_t M, int64_t N, const ColumnStatsPartials& out);

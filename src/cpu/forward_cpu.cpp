@@ -149,9 +149,7 @@ Status column_moments(const ForwardProblem& p, const float* y, int64_t ldy, doub
   ForwardBuffers b;
   b.y = const_cast<float*>(y);
   b.ldy = ldy;
-  ForwardProblem no_gemm = p;
-  no_gemm.K = 0;  // the GEMM is done: x and W are not read
-  no_gemm.keep_y = true;  // ... and y is read: it must be given
+  const ForwardProblem no_gemm = problem_from_y(p);
   if (Status s = validate_linear(no_gemm, b); !s.ok()) return s;
   if (record == nullptr) return {StatusCode::kInvalidArgument, "column_moments: record is null"};
   const int64_t M = p.M, N = p.N;
@@ -169,9 +167,7 @@ Status column_moments(const ForwardProblem& p, const float* y, int64_t ldy, doub
 
 Status forward_from_y(const ForwardProblem& p, const ForwardBuffers& b, const BatchNormArgs& bn,
                       const ParallelFor& parallel_for) {
-  ForwardProblem no_gemm = p;
-  no_gemm.K = 0;  // the GEMM is done: x and W are not read
-  no_gemm.keep_y = true;  // ... and y is read: it must be given
+  const ForwardProblem no_gemm = problem_from_y(p);
   if (Status s = validate(no_gemm, b, bn); !s.ok()) return s;
   const int64_t M = p.M, N = p.N;
   // nn.BatchNorm1d counts the batch (after finalize has read the count, for momentum=None).

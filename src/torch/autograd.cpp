@@ -24,6 +24,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <type_traits>
 
@@ -225,8 +226,7 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
   }
 };
 
-bool has_forward_grad(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
-bool has_forward_grad(const OptTensor& t) { return defined(t) && has_forward_grad(*t); }
+bool has_forward_grad(const OptTensor& t) { return defined(t) && t->_fw_grad(/*level=*/0).defined(); }
 
 Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
                                  const OptTensor& bn_weight, const OptTensor& bn_bias, const OptTensor& running_mean,
@@ -243,13 +243,10 @@ Outputs gemm_bn_softmax_autograd(const at::Tensor& x, const at::Tensor& weight, 
                 "'. This input cannot have requires_grad True.");
   // The backward reads y: keep it whenever this call can be differentiated. Dual tensors (forward-mode
   // AD) take the autograd node too, whose missing jvp raises, instead of losing their tangents.
-  const bool differentiable =
-      (at::GradMode::is_enabled() &&
-       (x.requires_grad() || weight.requires_grad() || (defined(bias) && bias->requires_grad()) ||
-        (defined(bn_weight) && bn_weight->requires_grad()) || (defined(bn_bias) && bn_bias->requires_grad()) ||
-        scale.requires_grad())) ||
-      has_forward_grad(x) || has_forward_grad(weight) || has_forward_grad(bias) || has_forward_grad(bn_weight) ||
-      has_forward_grad(bn_bias) || has_forward_grad(scale);
+  const OptTensor inputs[] = {x, weight, bias, bn_weight, bn_bias, scale};  // the differentiable ones
+  const bool differentiable = std::any_of(std::begin(inputs), std::end(inputs), [](const OptTensor& t) {
+    return (at::GradMode::is_enabled() && defined(t) && t->requires_grad()) || has_forward_grad(t);
+  });
   if (!differentiable) {
     // No gradient can be asked for: the op itself, without an autograd node (host time per call).
     const LinearInputs in = linear_inputs(x, weight, bias, compute_dtype);
