@@ -24,7 +24,7 @@ import bench_forward  # noqa: E402  (its CUDA-graph capture and CUDA-event timer
 import pipeline_breakdown  # noqa: E402  (parse_case, critical_path)
 
 # The backward's kernels by the names their sources give them; other kernels keep a short name.
-BACKWARD_KERNELS = ("row_dot", "grad_partials", "column_finalize", "dy_kernel")
+BACKWARD_KERNELS = ("row_sums", "grad_partials", "column_finalize", "dy_kernel")
 
 
 def step_group(name):

@@ -64,17 +64,25 @@ struct BackwardBuffers {
   void* grad_scale = nullptr;  // scale_numel elements of scale_dtype
 
   // Data-parallel backward (nn.SyncBatchNorm's), optional: what backward_column_sums() returned on
-  // this rank (its column-sums record and row dots) and every rank's records gathered in rank order
+  // this rank (its column-sums record and row sums) and every rank's records gathered in rank order
   // (fused/batchnorm.h: [count, S1, S2]). When rank_sums is set the sums are not recomputed: dy's
   // coefficients use the global sums and count, the parameter gradients this rank's own (the data-
   // parallel wrapper then averages them over ranks, as for any parameter). Column parallelism
-  // passes its own record as the only rank (BatchNorm is per column) and the row dots of all
+  // passes its own record as the only rank (BatchNorm is per column) and the row sums of all
   // columns, so that the softmax's backward spans every rank's columns.
   const double* local_sums = nullptr;  // rank_record_size(N) doubles
   const double* rank_sums = nullptr;   // num_ranks records
   int64_t num_ranks = 0;
-  const void* row_dot = nullptr;  // (M) stats_dtype: r_i = sum_n g_in out_in
+  const void* row_sums = nullptr;  // (2, M) stats_dtype: see kRowSumsRows
 };
+
+// The backward's row sums, (2, M): row 0 holds sum_n g_in out_in, row 1 sum_n out_in, out being the
+// softmax recomputed from y and row_lse. Both are sums over columns, so column-parallel ranks add
+// theirs. The softmax backward's r_i is their ratio, and every recomputed out is divided by the
+// row's sum: row_lse, rounded to the stats dtype, scales a whole recomputed row by exp(its rounding
+// error), up to ulp(row_lse) (7.6e-6 relative at |row_lse| = 100, logits that large being common at a
+// scale of 10). Dividing by the row's own sum takes that common factor out.
+constexpr int kRowSumsRows = 2;  // detail::row_normaliser() turns row 1 into the divisor
 
 // Checks shapes, strides and arguments common to every path.
 Status validate(const BackwardProblem& p, const BackwardBuffers& b);
@@ -83,16 +91,16 @@ namespace cpu {
 // The whole backward up to dy on host memory, double-precision math (any stats_dtype, fp64 included).
 Status backward(const BackwardProblem& p, const BackwardBuffers& b, const ParallelFor& parallel_for = serial_for);
 // Data-parallel step 1: this rank's column-sums record (rank_record_size(N) doubles, count = M) and
-// row dots (M of stats_dtype), for the caller to exchange; then backward() with local_sums /
-// rank_sums / row_dot set. With b.row_dot given (column parallelism: the row dots summed over every
-// rank's columns), the sums use it and row_dot (the output) may be null.
-Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_dot,
+// row sums ((2, M) of stats_dtype), for the caller to exchange; then backward() with local_sums /
+// rank_sums / row_sums set. With b.row_sums given (column parallelism: the row sums added over every
+// rank's columns), the sums use it and row_sums (the output) may be null.
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_sums,
                             const ParallelFor& parallel_for = serial_for);
 }  // namespace cpu
 
 namespace cuda {
 // Device workspace for backward(), 256-byte aligned pointer expected:
-//   r and its strip partials (33 M floats at most), S1 and S2 partials (2 * ceil(M / row_tile) * N
+//   the row sums and their strip partials (66 M floats at most), S1 and S2 partials (2 * ceil(M / row_tile) * N
 //   floats, row_tile 64..1024 rows), dy's b and c (2 N floats), per-block d_scale sums and a counter.
 // Headline problem (M = 1024, N = 8192): about 1.2 MiB.
 std::size_t backward_workspace_bytes(const BackwardProblem& p);
@@ -102,7 +110,7 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
                 cudaStream_t stream);
 // Data-parallel step 1 ([B1], [B2] and the tile sums): as cpu::backward_column_sums, on device
 // memory; the same workspace as backward().
-Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_dot,
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_sums,
                             void* workspace, std::size_t workspace_size, cudaStream_t stream);
 
 // The backward's GEMMs at precision k3xTF32: c (m, n) = a (m, k) b (k, n), all three row-major

@@ -18,14 +18,14 @@ backward  this rank's column sums [count, S1 (N), S2 (N)] -> ``all_gather`` of t
           every gradient: what nn.SyncBatchNorm + DDP produce.
 
 The steps are ops of their own (``gemm_column_moments``, ``bn_softmax_from_moments``,
-``gemm_bn_softmax_backward_sums`` and the backward's ``row_dot`` / ``local_sums`` / ``rank_sums``)
+``gemm_bn_softmax_backward_sums`` and the backward's ``row_sums`` / ``local_sums`` / ``rank_sums``)
 for callers that make the exchange themselves. Uneven batches and ranks with no rows behave as in
 nn.SyncBatchNorm. Evaluation mode and a group of one rank make no exchange.
 
 Column parallelism (``column_parallel_gemm_bn_softmax``, ``ColumnParallelFusedGemmBNSoftmax``):
 W's rows (the out_features, e.g. a classifier over 100k+ classes) split over ranks, each rank
 computing its columns; BatchNorm is per column, so local; the softmax spans all columns: an
-all_gather of each row's log-normaliser in the forward and of the row dots in the backward, and
+all_gather of each row's log-normaliser in the forward and of the row sums in the backward, and
 an all_reduce of dx.
 """
 from __future__ import annotations
@@ -58,10 +58,11 @@ def _blocking_allgather_options():
 
 
 def exchange_records(record: torch.Tensor, group) -> torch.Tensor:
-    """(world_size, len(record)): every rank's record in rank order (column parallelism's exchanges).
-    Gathered into one flat buffer (NCCL and gloo both do that) and viewed as rows; torch.compile
-    (2.11) refuses a 2-D buffer."""
+    """(world_size, record.numel()): every rank's record, flattened, in rank order (column
+    parallelism's exchanges). Gathered into one flat buffer (NCCL and gloo both do that) and viewed
+    as rows; torch.compile (2.11) refuses a 2-D buffer."""
     world = group.size()
+    record = record.reshape(-1)  # gloo wants the input shaped as one chunk of the flat output
     out = record.new_empty(world * record.numel())
     if torch.compiler.is_compiling():  # the call torch.compile knows how to trace
         dist.all_gather_into_tensor(out, record.contiguous(), group=group)
@@ -133,8 +134,8 @@ def _grad_mask(ctx, bn_weight, bn_bias):
 # ---- column parallelism (W's rows split over ranks: Megatron's vocab-parallel layout) -----------------
 
 def _all_gather_sum(t: torch.Tensor, group) -> torch.Tensor:
-    """Sum over ranks, added in rank order: the same bits on every rank."""
-    return exchange_records(t, group).sum(0)
+    """Sum over ranks, added in rank order: the same bits on every rank; t's shape."""
+    return exchange_records(t, group).sum(0).view(t.shape)
 
 
 class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
@@ -142,7 +143,8 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
     vectors and per-column scale) and computes those columns of the output. BatchNorm is per
     column, so each rank's statistics are its own; the softmax spans every rank's columns: each
     row's log-normaliser is combined over ranks (one all_gather of M floats), and in the backward
-    the row dots r_i = sum_n g out (one more). dx sums every rank's share (all_reduce), as the
+    each row's sums of g * out and of out (one more, 2M floats: the backward divides each
+    recomputed row by its sum). dx sums every rank's share (all_reduce), as the
     input of a column-parallel Linear does."""
 
     @staticmethod
@@ -176,12 +178,12 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
         y, mean, invstd, lse, xc, wc, bn_weight, bn_bias, scale = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         args = (grad_out, y, mean, invstd, lse, bn_weight, bn_bias, scale)
-        _, local_dot = _ops.gemm_bn_softmax_backward_sums(*args)
-        row_dot = _all_gather_sum(local_dot, ctx.group)  # r_i over every rank's columns
-        sums, _ = _ops.gemm_bn_softmax_backward_sums(*args, row_dot)
+        _, local_row_sums = _ops.gemm_bn_softmax_backward_sums(*args)
+        row_sums = _all_gather_sum(local_row_sums, ctx.group)  # over every rank's columns
+        sums, _ = _ops.gemm_bn_softmax_backward_sums(*args, row_sums)
         grads = list(_ops.gemm_bn_softmax_backward(grad_out, y, mean, invstd, lse, xc, wc, bn_weight, bn_bias, scale,
                                                    ctx.batch_stats, _grad_mask(ctx, bn_weight, bn_bias), ctx.precision,
-                                                   ctx.linear_grad_dtype, row_dot, sums, sums[None]))
+                                                   ctx.linear_grad_dtype, row_sums, sums, sums[None]))
         if grads[0] is not None:  # x is every rank's input: its gradient sums every rank's columns
             dist.all_reduce(grads[0], group=ctx.group)
         if grads[5] is not None and scale.numel() == 1:  # a shared scalar scale: every rank's columns

@@ -17,8 +17,8 @@ std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign;
 
 // Byte sizes of the workspace regions, in carving order.
 struct WorkspaceLayout {
-  std::size_t r_part, r, partials, coefficients, block_sums, counter;
-  std::size_t total() const { return r_part + r + 2 * partials + 2 * coefficients + block_sums + counter; }
+  std::size_t row_parts, row_sums, partials, coefficients, block_sums, counter;
+  std::size_t total() const { return row_parts + row_sums + 2 * partials + 2 * coefficients + block_sums + counter; }
 };
 
 GradPartials partials_geometry(const BackwardProblem& p) {
@@ -32,9 +32,9 @@ GradPartials partials_geometry(const BackwardProblem& p) {
 WorkspaceLayout layout(const BackwardProblem& p) {
   const GradPartials g = partials_geometry(p);
   const auto n = static_cast<std::size_t>(p.N);
-  const auto strips = static_cast<std::size_t>(util::ceil_div(p.N, backward_steps::row_strip_width(p.N)));
-  return {align_up(sizeof(float) * strips * static_cast<std::size_t>(p.M)),
-          align_up(sizeof(float) * static_cast<std::size_t>(p.M)),
+  const auto strips = static_cast<std::size_t>(backward_steps::row_strips(p.N));
+  const std::size_t rows = kRowSumsRows * static_cast<std::size_t>(p.M);
+  return {align_up(sizeof(float) * strips * rows), align_up(sizeof(float) * rows),
           align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles) * n), align_up(sizeof(float) * n),
           align_up(sizeof(double) * static_cast<std::size_t>(util::ceil_div(p.N, backward_steps::kFinalizeThreads))),
           align_up(sizeof(unsigned))};
@@ -52,8 +52,8 @@ namespace {
 
 // The workspace's regions, carved in order.
 struct WorkspaceRegions {
-  float* r_part = nullptr;
-  float* r = nullptr;
+  float* row_parts = nullptr;
+  float* row_sums = nullptr;
   GradPartials partials;
   DyCoefficients coef;
   double* block_sums = nullptr;
@@ -76,8 +76,8 @@ Status check_and_carve(const BackwardProblem& p, const BackwardBuffers& b, void*
     cursor += bytes;
     return ptr;
   };
-  w.r_part = reinterpret_cast<float*>(take(ws.r_part));
-  w.r = reinterpret_cast<float*>(take(ws.r));
+  w.row_parts = reinterpret_cast<float*>(take(ws.row_parts));
+  w.row_sums = reinterpret_cast<float*>(take(ws.row_sums));
   w.partials = partials_geometry(p);
   w.partials.s1 = reinterpret_cast<float*>(take(ws.partials));
   w.partials.s2 = reinterpret_cast<float*>(take(ws.partials));
@@ -88,28 +88,32 @@ Status check_and_carve(const BackwardProblem& p, const BackwardBuffers& b, void*
   return Status::Ok();
 }
 
-// [B1] + [B2] (r into `r`), or only zeroes the finalize's counter when there are no rows. With
-// `given_r` (column parallelism: r over every rank's columns) [B1] is replaced by placing it as the
-// only non-zero strip, which [B2] then sums to exactly r (adding zeros changes no value).
-Status row_pass(const BackwardProblem& p, const BackwardBuffers& b, const WorkspaceRegions& w, const float* given_r,
-                float* r, cudaStream_t stream) {
+// [B1] + [B2] (the row sums into `row_sums`), or only zeroes the finalize's counter when there are no
+// rows. With `given_row_sums` (column parallelism: the row sums over every rank's columns) [B1] is
+// replaced by placing them as the only non-zero strip, which [B2] then sums to exactly them (adding
+// zeros changes no value).
+Status row_pass(const BackwardProblem& p, const BackwardBuffers& b, const WorkspaceRegions& w,
+                const float* given_row_sums, float* row_sums, cudaStream_t stream) {
   if (p.M == 0) {  // no row pass to zero the counter (and nothing to sum: every gradient is 0)
     return util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream), "CUDA backward: cudaMemsetAsync");
   }
   util::NvtxRange range("fused::backward_row_pass");
-  if (given_r != nullptr) {
-    const auto strips = static_cast<std::size_t>(util::ceil_div(p.N, backward_steps::row_strip_width(p.N)));
+  if (given_row_sums != nullptr) {
+    const auto strips = static_cast<std::size_t>(backward_steps::row_strips(p.N));
     const std::size_t row_bytes = sizeof(float) * static_cast<std::size_t>(p.M);
-    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.r_part, 0, strips * row_bytes, stream),
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.row_parts, 0, kRowSumsRows * strips * row_bytes, stream),
                                             "CUDA backward: cudaMemsetAsync"));
+    // row k of the given sums into strip 0 of row_parts' k-th half ((2, strips, M))
     FUSED_RETURN_IF_ERROR(util::cuda_status(
-        cudaMemcpyAsync(w.r_part, given_r, row_bytes, cudaMemcpyDeviceToDevice, stream), "CUDA backward: cudaMemcpyAsync"));
+        cudaMemcpy2DAsync(w.row_parts, strips * row_bytes, given_row_sums, row_bytes, row_bytes, kRowSumsRows,
+                          cudaMemcpyDeviceToDevice, stream),
+        "CUDA backward: cudaMemcpy2DAsync"));
     FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream),
                                             "CUDA backward: cudaMemsetAsync"));
   } else {
-    FUSED_RETURN_IF_ERROR(backward_steps::row_dot(p, b, w.r_part, w.counter, stream));
+    FUSED_RETURN_IF_ERROR(backward_steps::row_sums(p, b, w.row_parts, w.counter, stream));
   }
-  return backward_steps::grad_partials(p, b, w.r_part, r, w.partials, stream);
+  return backward_steps::grad_partials(p, b, w.row_parts, row_sums, w.partials, stream);
 }
 
 }  // namespace
@@ -124,33 +128,33 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
                                "CUDA backward: cudaMemsetAsync");
     return Status::Ok();
   }
-  const float* r = w.r;
+  const float* row_sums = w.row_sums;
   if (b.rank_sums != nullptr) {  // data parallel: [B1] and [B2] ran in backward_column_sums
-    r = static_cast<const float*>(b.row_dot);
+    row_sums = static_cast<const float*>(b.row_sums);
     FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream),
                                             "CUDA backward: cudaMemsetAsync"));
   } else {
-    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, nullptr, w.r, stream));
+    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, nullptr, w.row_sums, stream));
   }
   {
     util::NvtxRange range("fused::backward_column_finalize");
     FUSED_RETURN_IF_ERROR(backward_steps::column_finalize(p, b, w.partials, w.coef, w.block_sums, w.counter, stream));
   }
   util::NvtxRange range("fused::backward_dy");
-  return backward_steps::dy_pass(p, b, r, w.coef, stream);
+  return backward_steps::dy_pass(p, b, row_sums, w.coef, stream);
 }
 
-Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_dot,
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_sums,
                             void* workspace, std::size_t workspace_size, cudaStream_t stream) {
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(check_and_carve(p, b, workspace, workspace_size, w));
-  const auto* given_r = static_cast<const float*>(b.row_dot);
-  if (sums == nullptr || (p.M > 0 && row_dot == nullptr && given_r == nullptr))
-    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_dot (or a given b.row_dot) are required"};
+  const auto* given_row_sums = static_cast<const float*>(b.row_sums);
+  if (sums == nullptr || (p.M > 0 && row_sums == nullptr && given_row_sums == nullptr))
+    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_sums (or a given b.row_sums) are required"};
   if (p.N > 0) {
-    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, given_r, row_dot != nullptr ? row_dot : w.r, stream));
-  } else if (p.M > 0 && row_dot != nullptr) {  // no columns: every r_i is 0
-    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(row_dot, 0, sizeof(float) * p.M, stream),
+    FUSED_RETURN_IF_ERROR(row_pass(p, b, w, given_row_sums, row_sums != nullptr ? row_sums : w.row_sums, stream));
+  } else if (p.M > 0 && row_sums != nullptr) {  // no columns: every row sum is 0
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(row_sums, 0, sizeof(float) * kRowSumsRows * p.M, stream),
                                             "backward_column_sums: cudaMemsetAsync"));
   }
   util::NvtxRange range("fused::backward_column_sums");

@@ -63,8 +63,8 @@ Status validate(const BackwardProblem& p, const BackwardBuffers& b) {
     return invalid("backward: gamma/beta gradients asked for without affine parameters");
   if (b.scale == nullptr || (b.scale_numel != 1 && b.scale_numel != p.N))
     return invalid("backward: scale must have 1 or N elements");
-  if (b.rank_sums != nullptr && (b.num_ranks < 1 || b.local_sums == nullptr || (p.M > 0 && b.row_dot == nullptr)))
-    return invalid("backward: rank_sums needs num_ranks >= 1, local_sums and row_dot (backward_column_sums)");
+  if (b.rank_sums != nullptr && (b.num_ranks < 1 || b.local_sums == nullptr || (p.M > 0 && b.row_sums == nullptr)))
+    return invalid("backward: rank_sums needs num_ranks >= 1, local_sums and row_sums (backward_column_sums)");
   return Status::Ok();
 }
 

@@ -1,6 +1,6 @@
 // The backward (fused/backward.h) on host memory, in double precision: row pass -> column sums ->
 // column finalize -> dy. Shares the per-column math with the CUDA kernels; recomputes the softmax
-// from y and the row log-normaliser like them.
+// from y and the row log-normaliser like them, each row divided by its own sum.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -17,6 +17,37 @@ void load_row(const void* base, ElementType t, int64_t ld, int64_t row, int64_t 
   for (int64_t n = n0; n < n1; ++n) dst[n - n0] = half_bits::load_double(base, t, row * ld + n);
 }
 
+// Per row, what kRowSumsRows (fused/backward.h) holds: sum_n g * out and sum_n out.
+struct RowSums {
+  std::vector<double> dot, out_sum;
+  explicit RowSums(int64_t M) : dot(static_cast<size_t>(M), 0.0), out_sum(static_cast<size_t>(M), 0.0) {}
+
+  void load(const void* given, ElementType t, int64_t M) {
+    for (int64_t i = 0; i < M; ++i) {
+      dot[i] = half_bits::load_double(given, t, i);
+      out_sum[i] = half_bits::load_double(given, t, M + i);
+    }
+  }
+  void store(void* dst, ElementType t, int64_t M) const {
+    for (int64_t i = 0; i < M; ++i) {
+      half_bits::store_double(dst, t, i, dot[i]);
+      half_bits::store_double(dst, t, M + i, out_sum[i]);
+    }
+  }
+};
+
+// Per row: the softmax backward's r_i = sum g * out / sum out, and what each recomputed out is
+// multiplied by (1 / sum out).
+struct RowNorms {
+  std::vector<double> r, normaliser;
+  explicit RowNorms(const RowSums& s) : r(s.dot.size()), normaliser(s.dot.size()) {
+    for (size_t i = 0; i < r.size(); ++i) {
+      normaliser[i] = detail::row_normaliser(s.out_sum[i]);
+      r[i] = s.dot[i] * normaliser[i];
+    }
+  }
+};
+
 // The steps' shared view of the problem: per-column constants and a row reader.
 class Rows {
  public:
@@ -25,9 +56,10 @@ class Rows {
   }
   const BackwardProblem& p() const { return p_; }
 
-  // Calls body(n, g, out, xhat) for columns [n0, n1) of row i.
+  // Calls body(n, g, out, xhat) for columns [n0, n1) of row i, out recomputed and multiplied by
+  // `normaliser`.
   template <class Body>
-  void for_row_chunk(int64_t i, int64_t n0, int64_t n1, Body&& body) const {
+  void for_row_chunk(int64_t i, int64_t n0, int64_t n1, double normaliser, Body&& body) const {
     const int64_t w = n1 - n0;
     std::vector<double> g(static_cast<size_t>(w)), y(static_cast<size_t>(w));
     load_row(b_.grad_out, p_.grad_dtype, b_.ldg, i, n0, n1, g.data());
@@ -36,33 +68,37 @@ class Rows {
     for (int64_t n = n0; n < n1; ++n) {
       const detail::BackwardColumn& k = col_[n];
       const double centered = y[n - n0] - k.shift;
-      body(n, g[n - n0], std::exp(k.a * centered + k.c - lse), centered * k.invstd);
+      body(n, g[n - n0], std::exp(k.a * centered + k.c - lse) * normaliser, centered * k.invstd);
     }
   }
 
-  // [B1] r_i = sum_n g * out
-  std::vector<double> row_dots(const ParallelFor& parallel_for) const {
-    std::vector<double> r(static_cast<size_t>(p_.M));
+  // [B1] sum_n g * out and sum_n out of every row
+  RowSums row_sums(const ParallelFor& parallel_for) const {
+    RowSums sums(p_.M);
     parallel_for(p_.M, std::max<int64_t>(1, 16384 / p_.N), [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        double acc = 0.0;
-        for_row_chunk(i, 0, p_.N, [&](int64_t, double g, double out, double) { acc += g * out; });
-        r[i] = acc;
+        double dot = 0.0, out_sum = 0.0;
+        for_row_chunk(i, 0, p_.N, 1.0, [&](int64_t, double g, double out, double) {
+          dot += g * out;
+          out_sum += out;
+        });
+        sums.dot[i] = dot;
+        sums.out_sum[i] = out_sum;
       }
     });
-    return r;
+    return sums;
   }
 
   // [B2] S1 and S2 of every column over all rows (each column in row order: any column split gives
   // the same bits).
-  void column_sums(const std::vector<double>& r, std::vector<double>& s1, std::vector<double>& s2,
+  void column_sums(const RowNorms& norms, std::vector<double>& s1, std::vector<double>& s2,
                    const ParallelFor& parallel_for) const {
     s1.assign(static_cast<size_t>(p_.N), 0.0);
     s2.assign(static_cast<size_t>(p_.N), 0.0);
     parallel_for(p_.N, 256, [&](int64_t n0, int64_t n1) {
       for (int64_t i = 0; i < p_.M; ++i) {
-        for_row_chunk(i, n0, n1, [&](int64_t n, double g, double out, double xhat) {
-          const double dz = out * (g - r[i]);
+        for_row_chunk(i, n0, n1, norms.normaliser[i], [&](int64_t n, double g, double out, double xhat) {
+          const double dz = out * (g - norms.r[i]);
           s1[n] += dz;
           s2[n] += dz * xhat;
         });
@@ -78,30 +114,27 @@ class Rows {
 
 }  // namespace
 
-Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_dot,
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_sums,
                             const ParallelFor& parallel_for) {
   if (Status s = validate(p, b); !s.ok()) return s;
-  const bool given = b.row_dot != nullptr;
-  if (sums == nullptr || (p.M > 0 && row_dot == nullptr && !given))
-    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_dot (or a given b.row_dot) are required"};
+  const bool given = b.row_sums != nullptr;
+  if (sums == nullptr || (p.M > 0 && row_sums == nullptr && !given))
+    return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_sums (or a given b.row_sums) are required"};
   const int64_t M = p.M, N = p.N;
   sums[0] = static_cast<double>(M);
-  std::vector<double> r(static_cast<size_t>(M), 0.0), s1(static_cast<size_t>(N), 0.0), s2(static_cast<size_t>(N), 0.0);
-  if (given) {
-    for (int64_t i = 0; i < M; ++i) r[i] = half_bits::load_double(b.row_dot, p.stats_dtype, i);
-  }
+  RowSums row(M);
+  std::vector<double> s1(static_cast<size_t>(N), 0.0), s2(static_cast<size_t>(N), 0.0);
+  if (given) row.load(b.row_sums, p.stats_dtype, M);
   if (N > 0) {
     const Rows rows(p, b);
-    if (!given) r = rows.row_dots(parallel_for);
-    rows.column_sums(r, s1, s2, parallel_for);
+    if (!given) row = rows.row_sums(parallel_for);
+    rows.column_sums(RowNorms(row), s1, s2, parallel_for);
   }
   for (int64_t n = 0; n < N; ++n) {
     sums[1 + n] = s1[n];
     sums[1 + N + n] = s2[n];
   }
-  if (row_dot != nullptr) {
-    for (int64_t i = 0; i < M; ++i) half_bits::store_double(row_dot, p.stats_dtype, i, r[i]);
-  }
+  if (row_sums != nullptr) row.store(row_sums, p.stats_dtype, M);
   return Status::Ok();
 }
 
@@ -115,15 +148,16 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, const Parall
   const Rows rows(p, b);
 
   // [B1], [B2]: computed here, or (data parallel) given by backward_column_sums and the exchange.
-  std::vector<double> r, s1, s2;
+  RowSums row(M);
+  std::vector<double> s1, s2;
   const bool data_parallel = b.rank_sums != nullptr;
   if (data_parallel) {
-    r.resize(static_cast<size_t>(M));
-    for (int64_t i = 0; i < M; ++i) r[i] = half_bits::load_double(b.row_dot, p.stats_dtype, i);
+    row.load(b.row_sums, p.stats_dtype, M);
   } else {
-    r = rows.row_dots(parallel_for);
-    rows.column_sums(r, s1, s2, parallel_for);
+    row = rows.row_sums(parallel_for);
   }
+  const RowNorms norms(row);
+  if (!data_parallel) rows.column_sums(norms, s1, s2, parallel_for);
 
   // [B3] the per-column finalize
   std::vector<detail::ColumnGrad> coef(static_cast<size_t>(N));
@@ -146,8 +180,8 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, const Parall
   if (b.dy == nullptr && b.dy_t == nullptr) return Status::Ok();
   parallel_for(M, std::max<int64_t>(1, 16384 / N), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      rows.for_row_chunk(i, 0, N, [&](int64_t n, double g, double out, double xhat) {
-        const double dy = coef[n].a * (out * (g - r[i])) + coef[n].b * xhat + coef[n].c;
+      rows.for_row_chunk(i, 0, N, norms.normaliser[i], [&](int64_t n, double g, double out, double xhat) {
+        const double dy = coef[n].a * (out * (g - norms.r[i])) + coef[n].b * xhat + coef[n].c;
         if (b.dy != nullptr) half_bits::store_double(b.dy, b.dy_dtype, i * b.lddy + n, dy);
         if (b.dy_t != nullptr) half_bits::store_double(b.dy_t, b.dy_dtype, n * b.lddy_t + i, dy);
       });

@@ -13,13 +13,13 @@ Grads gemm_bn_softmax_backward_cpu(const BackwardArgs& a);
 Outputs gemm_bn_softmax_cpu(const OpArgs& a);
 MomentsOutputs gemm_column_moments_cpu(const OpArgs& a);
 FromMomentsOutputs bn_softmax_from_moments_cpu(const FromMomentsArgs& a);
-SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a, const OptTensor& given_row_dot);
+SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a, const OptTensor& given_row_sums);
 #if defined(FUSED_TORCH_CUDA)
 Outputs gemm_bn_softmax_cuda(const OpArgs& a);
 Grads gemm_bn_softmax_backward_cuda(const BackwardArgs& a);
 MomentsOutputs gemm_column_moments_cuda(const OpArgs& a);
 FromMomentsOutputs bn_softmax_from_moments_cuda(const FromMomentsArgs& a);
-SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptTensor& given_row_dot);
+SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptTensor& given_row_sums);
 #endif
 
 namespace {
@@ -50,10 +50,10 @@ OptGrads backward_entry(const at::Tensor& grad_out, const at::Tensor& y, const a
                         const at::Tensor& save_invstd, const at::Tensor& row_lse, const OptTensor& x,
                         const OptTensor& weight, const OptTensor& bn_weight, const OptTensor& bn_bias,
                         const at::Tensor& scale, bool batch_stats, std::array<bool, 6> output_mask,
-                        const OptString& precision, OptDtype linear_grad_dtype, const OptTensor& row_dot,
+                        const OptString& precision, OptDtype linear_grad_dtype, const OptTensor& row_sums,
                         const OptTensor& local_sums, const OptTensor& rank_sums, const OptString& group_name) {
   const Grads g = Backward(BackwardArgs{grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
-                                        scale, batch_stats, output_mask, precision, linear_grad_dtype, row_dot,
+                                        scale, batch_stats, output_mask, precision, linear_grad_dtype, row_sums,
                                         local_sums, rank_sums},
                            group_name);
   auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
@@ -95,11 +95,11 @@ FromMomentsOutputs from_moments_entry(const at::Tensor& y, const at::Tensor& ran
 template <SumsOutputs (*Impl)(const BackwardArgs&, const OptTensor&)>
 SumsOutputs sums_entry(const at::Tensor& grad_out, const at::Tensor& y, const at::Tensor& save_mean,
                        const at::Tensor& save_invstd, const at::Tensor& row_lse, const OptTensor& bn_weight,
-                       const OptTensor& bn_bias, const at::Tensor& scale, const OptTensor& row_dot) {
+                       const OptTensor& bn_bias, const at::Tensor& scale, const OptTensor& row_sums) {
   static const OptTensor none;
   return Impl(BackwardArgs{grad_out, y, save_mean, save_invstd, row_lse, none, none, bn_weight, bn_bias, scale,
                            /*batch_stats=*/true, {}, std::nullopt, std::nullopt, none, none, none},
-              row_dot);
+              row_sums);
 }
 
 MomentsOutputs gemm_column_moments_meta(const OpArgs& a) {
@@ -113,9 +113,9 @@ FromMomentsOutputs bn_softmax_from_moments_meta(const FromMomentsArgs& a) {
   return allocate_from_moments_outputs(a);
 }
 
-SumsOutputs gemm_bn_softmax_backward_sums_meta(const BackwardArgs& a, const OptTensor& given_row_dot) {
+SumsOutputs gemm_bn_softmax_backward_sums_meta(const BackwardArgs& a, const OptTensor& given_row_sums) {
   check_backward_args(a);
-  check_given_row_dot(a, given_row_dot);
+  check_given_row_sums(a, given_row_sums);
   return allocate_sums_outputs(a);
 }
 
@@ -172,7 +172,7 @@ TORCH_LIBRARY(fused, m) {
   m.def(
       "gemm_bn_softmax_backward(Tensor grad_out, Tensor y, Tensor save_mean, Tensor save_invstd, Tensor row_lse, "
       "Tensor? x, Tensor? weight, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, bool batch_stats, "
-      "bool[6] output_mask, str? precision=None, ScalarType? linear_grad_dtype=None, Tensor? row_dot=None, "
+      "bool[6] output_mask, str? precision=None, ScalarType? linear_grad_dtype=None, Tensor? row_sums=None, "
       "Tensor? local_sums=None, Tensor? rank_sums=None, str? group_name=None) "
       "-> (Tensor? grad_x, Tensor? grad_weight, Tensor? grad_bias, Tensor? grad_bn_weight, Tensor? grad_bn_bias, "
       "Tensor? grad_scale)");
@@ -181,9 +181,10 @@ TORCH_LIBRARY(fused, m) {
   // the exchange themselves can too:
   //   forward:  gemm_column_moments -> all_gather(moments) -> bn_softmax_from_moments
   //   backward: gemm_bn_softmax_backward_sums -> all_gather(sums) -> gemm_bn_softmax_backward(...,
-  //             row_dot, local_sums=sums, rank_sums)
-  // Column parallelism (W's rows split over ranks) reuses them: the backward's row dots are summed
-  // over ranks and given back to gemm_bn_softmax_backward_sums (row_dot=) and the backward.
+  //             row_sums, local_sums=sums, rank_sums)
+  // Column parallelism (W's rows split over ranks) reuses them: the backward's row sums ([2, M]: each
+  // row's sum of grad_out * out, then of out) are added over ranks and given back to
+  // gemm_bn_softmax_backward_sums (row_sums=) and the backward.
   // A rank's record is [count, mean or S1 (N), M2 or S2 (N)] in float64; rank_* stack them in rank order.
   m.def(
       "gemm_column_moments(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None, "
@@ -195,8 +196,8 @@ TORCH_LIBRARY(fused, m) {
       "-> (Tensor out, Tensor save_mean, Tensor save_invstd, Tensor row_lse)");
   m.def(
       "gemm_bn_softmax_backward_sums(Tensor grad_out, Tensor y, Tensor save_mean, Tensor save_invstd, "
-      "Tensor row_lse, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, Tensor? row_dot=None) "
-      "-> (Tensor sums, Tensor row_dot_out)");
+      "Tensor row_lse, Tensor? bn_weight, Tensor? bn_bias, Tensor scale, Tensor? row_sums=None) "
+      "-> (Tensor sums, Tensor row_sums_out)");
   // Debug query: the path gemm_bn_softmax takes for these operands ("cpu", "sm90", "generic",
   // "recompute"); keep_y=False for a call no gradient can be asked of.
   m.def("dispatch_path(Tensor x, Tensor weight, Tensor? bias, str? precision=None, str? path=None, "

@@ -60,16 +60,16 @@ Outputs data_parallel_forward(const OpArgs& a, const std::string& group_name, Mo
 
 Grads data_parallel_backward(const BackwardArgs& a, const std::string& group_name, SumsKernel sums,
                              BackwardKernel backward) {
-  TORCH_CHECK(!a.row_dot.has_value() && !a.local_sums.has_value() && !a.rank_sums.has_value(),
-              "gemm_bn_softmax_backward: with group_name the op exchanges the sums itself; row_dot, local_sums "
+  TORCH_CHECK(!a.row_sums.has_value() && !a.local_sums.has_value() && !a.rank_sums.has_value(),
+              "gemm_bn_softmax_backward: with group_name the op exchanges the sums itself; row_sums, local_sums "
               "and rank_sums must be None");
   check_backward_args(a);  // every argument, before this rank joins the collective
-  const auto [local_sums, row_dot] = sums(a, std::nullopt);
+  const auto [local_sums, row_sums] = sums(a, std::nullopt);
   const OptTensor rank_sums = exchange_records(local_sums, group_name);
-  const OptTensor row_dot_arg = row_dot, local_sums_arg = local_sums;
+  const OptTensor row_sums_arg = row_sums, local_sums_arg = local_sums;
   return backward(BackwardArgs{a.grad_out, a.y, a.save_mean, a.save_invstd, a.row_lse, a.x, a.weight, a.bn_weight,
                                a.bn_bias, a.scale, a.batch_stats, a.output_mask, a.precision, a.linear_grad_dtype,
-                               row_dot_arg, local_sums_arg, rank_sums});
+                               row_sums_arg, local_sums_arg, rank_sums});
 }
 
 }  // namespace fused::torch_op

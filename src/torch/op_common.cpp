@@ -207,14 +207,14 @@ FromMomentsCall prepare_from_moments(const FromMomentsArgs& a) {
   return c;
 }
 
-SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& given_row_dot) {
+SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& given_row_sums) {
   check_backward_args(a);
-  check_given_row_dot(a, given_row_dot);
+  check_given_row_sums(a, given_row_sums);
   Grads none;
   SumsCall c{allocate_sums_outputs(a), prepare_backward(a, none)};
-  if (defined(given_row_dot)) {
-    c.given_row_dot = given_row_dot->contiguous();
-    c.tensors.buffers.row_dot = c.given_row_dot.data_ptr();
+  if (defined(given_row_sums)) {
+    c.given_row_sums = given_row_sums->contiguous();
+    c.tensors.buffers.row_sums = c.given_row_sums.data_ptr();
   }
   return c;
 }
@@ -222,7 +222,7 @@ SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& gi
 SumsOutputs allocate_sums_outputs(const BackwardArgs& a) {
   const c10::SymInt M = a.grad_out.sym_size(0), N = a.grad_out.sym_size(1);
   SumsOutputs outs{at::empty_symint({2 * N + 1}, a.grad_out.options().dtype(at::kDouble)),
-                   at::empty_symint({M}, a.y.options())};
+                   at::empty_symint({c10::SymInt(kRowSumsRows), M}, a.y.options())};
   poison({std::get<0>(outs), std::get<1>(outs)});
   return outs;
 }
@@ -380,21 +380,21 @@ void check_backward_args(const BackwardArgs& a) {
               *a.linear_grad_dtype);
   check_precision(a.precision);
   const bool data_parallel = defined(a.rank_sums);
-  TORCH_CHECK(data_parallel == defined(a.local_sums) && data_parallel == defined(a.row_dot),
-              "row_dot, local_sums and rank_sums (data-parallel backward) must be given together");
+  TORCH_CHECK(data_parallel == defined(a.local_sums) && data_parallel == defined(a.row_sums),
+              "row_sums, local_sums and rank_sums (data-parallel backward) must be given together");
   if (data_parallel) {
     check_rank_records(*a.rank_sums, *a.local_sums, N, g.device(), "rank_sums", "local_sums");
-    check_given_row_dot(a, a.row_dot);
+    check_given_row_sums(a, a.row_sums);
   }
 }
 
-void check_given_row_dot(const BackwardArgs& a, const std::optional<at::Tensor>& row_dot) {
-  if (!defined(row_dot)) return;
+void check_given_row_sums(const BackwardArgs& a, const std::optional<at::Tensor>& row_sums) {
+  if (!defined(row_sums)) return;
   const at::Tensor& g = a.grad_out;
-  TORCH_CHECK(row_dot->dim() == 1 && row_dot->sym_size(0) == g.sym_size(0) &&
-                  row_dot->scalar_type() == a.y.scalar_type() && row_dot->device() == g.device(),
-              "row_dot must be [batch] = [", g.sym_size(0), "] of y's dtype on grad_out's device, got ",
-              row_dot->sym_sizes(), " ", row_dot->scalar_type());
+  TORCH_CHECK(row_sums->dim() == 2 && row_sums->sym_size(0) == kRowSumsRows && row_sums->sym_size(1) == g.sym_size(0) &&
+                  row_sums->scalar_type() == a.y.scalar_type() && row_sums->device() == g.device(),
+              "row_sums must be [2, batch] = [2, ", g.sym_size(0), "] (each row's sum of grad_out * out, then of out) "
+              "of y's dtype on grad_out's device, got ", row_sums->sym_sizes(), " ", row_sums->scalar_type());
 }
 
 void check_rank_records(const at::Tensor& records, const std::optional<at::Tensor>& own, const c10::SymInt& N,
@@ -486,10 +486,10 @@ BackwardTensors prepare_backward(const BackwardArgs& a, Grads& grads) {
 
 void BackwardTensors::set_data_parallel(const BackwardArgs& a) {
   if (!defined(a.rank_sums)) return;
-  row_dot = a.row_dot->contiguous();
+  row_sums = a.row_sums->contiguous();
   local_sums = a.local_sums->contiguous();
   rank_sums = a.rank_sums->contiguous();
-  buffers.row_dot = row_dot.data_ptr();
+  buffers.row_sums = row_sums.data_ptr();
   buffers.local_sums = local_sums.data_ptr<double>();
   buffers.rank_sums = rank_sums.data_ptr<double>();
   buffers.num_ranks = rank_sums.size(0);

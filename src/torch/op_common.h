@@ -134,8 +134,8 @@ struct BackwardArgs {
   const std::optional<std::string>& precision;
   std::optional<at::ScalarType> linear_grad_dtype;  // of grad_x, grad_weight, grad_bias
   // Data-parallel backward, all or none: what gemm_bn_softmax_backward_sums returned on this rank
-  // (row_dot, local_sums) and every rank's sums (rank_sums, [world_size, 2N + 1] float64).
-  const std::optional<at::Tensor>& row_dot;
+  // (row_sums, local_sums) and every rank's sums (rank_sums, [world_size, 2N + 1] float64).
+  const std::optional<at::Tensor>& row_sums;
   const std::optional<at::Tensor>& local_sums;
   const std::optional<at::Tensor>& rank_sums;
 
@@ -153,7 +153,7 @@ Grads allocate_grads(const BackwardArgs& a);
 // through fp32 copies whose gradients `commit()` copies into the outputs.
 struct BackwardTensors {
   at::Tensor grad_out, y, save_mean, save_invstd, row_lse, gamma, beta, scale;
-  at::Tensor row_dot, local_sums, rank_sums;  // data parallel only
+  at::Tensor row_sums, local_sums, rank_sums;  // data parallel only
   at::Tensor grad_gamma, grad_beta, grad_scale;  // where the library writes
   BackwardProblem problem;
   BackwardBuffers buffers;
@@ -192,19 +192,19 @@ FromMomentsCall prepare_from_moments(const FromMomentsArgs& a);
 void check_rank_records(const at::Tensor& records, const std::optional<at::Tensor>& own, const c10::SymInt& N,
                         const at::Device& device, const char* name, const char* own_name);
 // The backward's step 1, gemm_bn_softmax_backward_sums: this rank's sums record ([2N + 1] float64)
-// and row dots ([M], y's dtype). Reads the BackwardArgs of the backward without x and weight.
-// With a given row_dot ([M], y's dtype: column parallelism's row dots over every rank's columns),
-// the sums use it and row_dot_out is a copy of it.
+// and row sums ([2, M], y's dtype: fused/backward.h's kRowSumsRows). Reads the BackwardArgs of the
+// backward without x and weight. With a given row_sums (column parallelism's row sums over every
+// rank's columns), the sums use it and row_sums_out is a copy of it.
 using SumsOutputs = std::tuple<at::Tensor, at::Tensor>;
 SumsOutputs allocate_sums_outputs(const BackwardArgs& a);
-void check_given_row_dot(const BackwardArgs& a, const std::optional<at::Tensor>& row_dot);
+void check_given_row_sums(const BackwardArgs& a, const std::optional<at::Tensor>& row_sums);
 // What both kernels of gemm_bn_softmax_backward_sums hand the library (after checking and allocating).
 struct SumsCall {
   SumsOutputs outs;
-  BackwardTensors tensors;  // buffers.row_dot set to the given row dots, if any
-  at::Tensor given_row_dot;
+  BackwardTensors tensors;  // buffers.row_sums set to the given row sums, if any
+  at::Tensor given_row_sums;
 };
-SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& given_row_dot);
+SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& given_row_sums);
 
 // Test aid (GEMM_BN_SOFTMAX_POISON=1): NaN-fills freshly allocated outputs so that an element a
 // kernel forgets to write fails the tests.

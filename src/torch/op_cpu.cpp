@@ -82,11 +82,11 @@ FromMomentsOutputs bn_softmax_from_moments_cpu(const FromMomentsArgs& a) {
   return c.outs;
 }
 
-SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a, const OptTensor& given_row_dot) {
-  SumsCall c = prepare_sums(a, given_row_dot);
-  auto& [sums, row_dot] = c.outs;
+SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a, const OptTensor& given_row_sums) {
+  SumsCall c = prepare_sums(a, given_row_sums);
+  auto& [sums, row_sums] = c.outs;
   throw_on_error(cpu::backward_column_sums(c.tensors.problem, c.tensors.buffers, sums.data_ptr<double>(),
-                                           row_dot.data_ptr(), parallel),
+                                           row_sums.data_ptr(), parallel),
                  "gemm_bn_softmax_backward_sums");
   return c.outs;
 }

@@ -215,15 +215,15 @@ FromMomentsOutputs bn_softmax_from_moments_cuda(const FromMomentsArgs& a) {
   return c.outs;
 }
 
-SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptTensor& given_row_dot) {
+SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptTensor& given_row_sums) {
   c10::cuda::CUDAGuard guard(a.grad_out.device());
-  SumsCall c = prepare_sums(a, given_row_dot);
-  auto& [sums, row_dot] = c.outs;
+  SumsCall c = prepare_sums(a, given_row_sums);
+  auto& [sums, row_sums] = c.outs;
   const std::size_t ws_bytes = cuda::backward_workspace_bytes(c.tensors.problem);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.grad_out.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.grad_out.get_device()).stream();
   throw_on_error(cuda::backward_column_sums(c.tensors.problem, c.tensors.buffers, sums.data_ptr<double>(),
-                                            static_cast<float*>(row_dot.data_ptr()), workspace.data_ptr(), ws_bytes,
+                                            static_cast<float*>(row_sums.data_ptr()), workspace.data_ptr(), ws_bytes,
                                             stream),
                  "gemm_bn_softmax_backward_sums (CUDA)");
   return c.outs;

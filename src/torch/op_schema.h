@@ -27,7 +27,7 @@ using ForwardSignature = ForwardOutputs(
 
 // gemm_bn_softmax_backward(grad_out, y, save_mean, save_invstd, row_lse, x, weight, bn_weight, bn_bias,
 //                          scale, batch_stats, output_mask, precision, linear_grad_dtype,
-//                          row_dot, local_sums, rank_sums, group_name)
+//                          row_sums, local_sums, rank_sums, group_name)
 //   -> (grad_x, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias, grad_scale)
 using OptGrads = std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor>;
 using BackwardSignature = OptGrads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

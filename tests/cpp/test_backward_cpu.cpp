@@ -152,7 +152,7 @@ TEST(BackwardCpu, DataParallelStepsMatchTheWholeBatch) {
 
   const std::vector<int64_t> rows = {17, 0, 24};
   const size_t record = static_cast<size_t>(rank_record_size(c.N));
-  std::vector<double> rank_sums(rows.size() * record, NAN), row_dot(c.M, NAN), dy_split(c.M * c.N, NAN);
+  std::vector<double> rank_sums(rows.size() * record, NAN), row_sums(kRowSumsRows * c.M, NAN), dy_split(c.M * c.N, NAN);
   std::vector<std::vector<double>> rg(rows.size(), std::vector<double>(n, NAN)), rb = rg, rbias = rg, rs = rg;
   for (int step = 0; step < 2; ++step) {
     int64_t r0 = 0;
@@ -161,13 +161,13 @@ TEST(BackwardCpu, DataParallelStepsMatchTheWholeBatch) {
       p.M = rows[r];
       BackwardBuffers b = buffers(r0, dy_split, rg[r], rb[r], rbias[r], rs[r]);
       if (step == 0) {
-        ASSERT_TRUE(cpu::backward_column_sums(p, b, rank_sums.data() + r * record, row_dot.data() + r0).ok());
+        ASSERT_TRUE(cpu::backward_column_sums(p, b, rank_sums.data() + r * record, row_sums.data() + kRowSumsRows * r0).ok());
         EXPECT_EQ(rank_sums[r * record], static_cast<double>(rows[r])) << "count";
       } else {
         b.local_sums = rank_sums.data() + r * record;
         b.rank_sums = rank_sums.data();
         b.num_ranks = static_cast<int64_t>(rows.size());
-        b.row_dot = row_dot.data() + r0;
+        b.row_sums = row_sums.data() + kRowSumsRows * r0;  // this rank's (2, M_r)
         ASSERT_TRUE(cpu::backward(p, b).ok());
       }
       r0 += rows[r];

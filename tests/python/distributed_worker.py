@@ -201,7 +201,7 @@ def check_functional(sizes, rank, device):
     assert torch.equal(out_op, out_f)
     same_on_every_rank(mean, "mean")
     sums = torch.zeros(2 * N + 1, dtype=torch.float64, device=device)
-    with pytest.raises(RuntimeError, match="row_dot, local_sums and rank_sums must be None"):
+    with pytest.raises(RuntimeError, match="row_sums, local_sums and rank_sums must be None"):
         torch.ops.fused.gemm_bn_softmax_backward(torch.ones_like(out_op), y, mean, invstd, lse, xd, wd, None, None,
                                                  scale, True, [True] * 3 + [False] * 3, None, None,
                                                  torch.zeros_like(lse), sums, sums[None], group_name=name)

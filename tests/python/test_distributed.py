@@ -101,8 +101,8 @@ def test_virtual_ranks_match_the_full_batch(device, sizes, variant):
     assert all(s[0][0].item() == m for s, m in zip(sums, sizes))  # each record counts its rows
     rank_sums = torch.stack([s for s, _ in sums])
     got = [ops.gemm_bn_softmax_backward(gp, r["y"], r["mean"], r["invstd"], r["lse"], xp, t["weight"], t["bn_weight"],
-                                        t["bn_bias"], t["scale"], True, mask, None, None, row_dot, s, rank_sums)
-           for gp, xp, r, (s, row_dot) in zip(g_parts, x_parts, parts, sums)]
+                                        t["bn_bias"], t["scale"], True, mask, None, None, row_sums, s, rank_sums)
+           for gp, xp, r, (s, row_sums) in zip(g_parts, x_parts, parts, sums)]
     assert rel_err(torch.cat([gr[0] for gr in got]), want[0]) < 1e-5, "dx"
     for i, name in enumerate(["weight", "bias", "bn_weight", "bn_bias", "scale"], start=1):
         if want[i] is None:
@@ -130,18 +130,21 @@ def test_bad_records_are_refused(device):
         ops.bn_softmax_from_moments(y, torch.zeros(2, 2 * N, dtype=torch.float64, device=device), *args)
     out, mean, invstd, lse = ops.bn_softmax_from_moments(y, moments[None], *args)
     g = torch.randn_like(out)
-    sums, row_dot = ops.gemm_bn_softmax_backward_sums(g, y, mean, invstd, lse, t["bn_weight"], t["bn_bias"], t["scale"])
+    sums, row_sums = ops.gemm_bn_softmax_backward_sums(g, y, mean, invstd, lse, t["bn_weight"], t["bn_bias"], t["scale"])
     mask = [True, False, False, False, False, False]
     base = (g, y, mean, invstd, lse, x, t["weight"], t["bn_weight"], t["bn_bias"], t["scale"])
     with pytest.raises(RuntimeError, match="must be given together"):
         ops.gemm_bn_softmax_backward(*base, True, mask, None, None, None, None, sums[None])
-    with pytest.raises(RuntimeError, match="row_dot must be"):  # a given row_dot (column parallelism)
+    with pytest.raises(RuntimeError, match="row_sums must be"):  # a given row_sums (column parallelism)
         ops.gemm_bn_softmax_backward_sums(g, y, mean, invstd, lse, t["bn_weight"], t["bn_bias"], t["scale"],
-                                          row_dot.double())
+                                          row_sums.double())
     with pytest.raises(RuntimeError, match="local_sums must be float64"):
-        ops.gemm_bn_softmax_backward(*base, True, mask, None, None, row_dot, sums[:-1], sums[None])
-    with pytest.raises(RuntimeError, match="row_dot must be"):
-        ops.gemm_bn_softmax_backward(*base, True, mask, None, None, row_dot[:-1], sums, sums[None])
+        ops.gemm_bn_softmax_backward(*base, True, mask, None, None, row_sums, sums[:-1], sums[None])
+    with pytest.raises(RuntimeError, match="row_sums must be"):
+        ops.gemm_bn_softmax_backward(*base, True, mask, None, None, row_sums[:, :-1], sums, sums[None])
+    with pytest.raises(RuntimeError, match=r"row_sums must be \[2, batch\]"):  # the row dots alone
+        ops.gemm_bn_softmax_backward_sums(g, y, mean, invstd, lse, t["bn_weight"], t["bn_bias"], t["scale"],
+                                          row_sums[0])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,4 +1,5 @@
-// [B4] dy pass: dy = a * dz + b * xhat + c (a from the logit map, b and c from [B3], r_i from [B2]),
+// [B4] dy pass: dy = a * dz + b * xhat + c (a from the logit map, b and c from [B3], r_i and the row's
+// normaliser from [B2]'s row sums),
 // written in the backward GEMMs' input dtype; and/or dy^T, which TF32 GEMMs need for dW = dy^T x
 // (TF32 tensor cores take K-major operands only, and dW reduces over M). Block (32 column threads x
 // 8 row lanes) covers 256 columns x 32 rows; the transposed tile goes through shared memory so that
@@ -25,7 +26,7 @@ constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
 
 template <bool kVec, class T, class TDy>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
-    dy_kernel(BackwardProblem p, BackwardBuffers bufs, const float* __restrict__ r, DyCoefficients coef) {
+    dy_kernel(BackwardProblem p, BackwardBuffers bufs, const float* __restrict__ row_sums, DyCoefficients coef) {
   extern __shared__ float tile[];  // kTileRows x kPitch, only when dy_t is written
   __shared__ SharedColumnMaps shared_maps;
   begin_step();
@@ -71,11 +72,11 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         const int local = threadIdx.y + (k0 + u) * kRowLanes;
         const int64_t i = r0 + local;
         if (i >= M || col >= N) continue;
-        const float ri = r[i], li = lse2_of(lse[i]);
+        const float norm = detail::row_normaliser(row_sums[M + i]), ri = row_sums[i] * norm, li = lse2_of(lse[i]);
         float d[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li), gv[u][j], ri);
+          const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li) * norm, gv[u][j], ri);
           d[j] = fmaf(slope[j], dz, fmaf(b[j], maps.xhat(j, yv[u][j]), c[j]));
         }
         if (dy != nullptr) util::store8<kVec>(dy + i * lddy, col, N, d);
@@ -106,7 +107,7 @@ bool vectorizable(const BackwardProblem& p, const BackwardBuffers& b) {
 
 }  // namespace
 
-Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* r, const DyCoefficients& coef,
+Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* row_sums, const DyCoefficients& coef,
                cudaStream_t stream) {
   if (p.M == 0 || p.N == 0 || (b.dy == nullptr && b.dy_t == nullptr)) return Status::Ok();
   const int64_t row_tiles = util::ceil_div(p.M, kTileRows);
@@ -128,7 +129,7 @@ Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* 
     return util::with_cuda_type(b.dy_dtype, [&](auto dy_tag) {
       using TDy = decltype(dy_tag);
       return launch_step(vec ? dy_kernel<true, T, TDy> : dy_kernel<false, T, TDy>, grid, block, smem, stream,
-                         "backward dy_kernel launch", p, b, r, coef);
+                         "backward dy_kernel launch", p, b, row_sums, coef);
     });
   });
 }

@@ -1,10 +1,11 @@
-// [B1] row pass: r_i = sum_n g_in * out_in (the softmax backward's row dot), as partial sums over
-//      at most 32 column strips; out = exp(z - lse_i) is recomputed from y. Block (32 column threads
-//      x 8 row lanes) covers one strip for blocks of 64 rows; each warp sums its row over the strip
-//      with shuffles.
-// [B2] column partials: r_i (the strip sums added in strip order), then per row tile S1 = sum dz and
-//      S2 = sum dz * xhat of every column, dz = out * (g - r_i). Block (32 x 8) covers 256 columns for
-//      row tiles; the 8 row lanes are merged in a fixed order. Deterministic, no atomics.
+// [B1] row pass: the row sums sum_n g_in * out_in and sum_n out_in (fused/backward.h, kRowSumsRows),
+//      as partial sums over at most 32 column strips; out = exp(z - lse_i) is recomputed from y.
+//      Block (32 column threads x 8 row lanes) covers one strip for blocks of 64 rows; each warp sums
+//      its row over the strip with shuffles.
+// [B2] column partials: the row sums (the strip sums added in strip order), the row's normaliser
+//      1 / sum out and r_i = sum g * out / sum out; then per row tile S1 = sum dz and S2 = sum dz * xhat
+//      of every column, dz = out * (g - r_i) with out divided by its row's sum. Block (32 x 8) covers
+//      256 columns for row tiles; the 8 row lanes are merged in a fixed order. Deterministic, no atomics.
 // Both launch one wave of blocks (kBlocksPerSm per SM), each walking row blocks (tiles) of its strip,
 // where one block per row block would queue: a block fills its column maps once, not once per row
 // block, and no partial last wave idles SMs. A row's sums and a tile's partials do not depend on which
@@ -43,10 +44,11 @@ constexpr int kRowBatch = 2;
 // A row index that is always valid to read: rows past the end read the last row (masked later).
 __device__ __forceinline__ int64_t clamp_row(int64_t i, int64_t rows) { return i < rows ? i : rows - 1; }
 
+// row_parts: (2, strips, M): strip s's sum of g * out at [s * M + i], of out at [(strips + s) * M + i].
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
-    row_dot_kernel(BackwardProblem p, BackwardBuffers b, int64_t strip_width, float* __restrict__ r_part,
-                   unsigned* counter) {
+    row_sums_kernel(BackwardProblem p, BackwardBuffers b, int64_t strip_width, float* __restrict__ row_parts,
+                    unsigned* counter) {
   __shared__ SharedColumnMaps shared_maps;
   begin_step();
   const int t = threadIdx.y * kColThreads + threadIdx.x;
@@ -66,9 +68,9 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
   constexpr int kBatch = kVec ? kRowDotBatch : kRowBatch;  // the element-wise loads' 4 would spill
   for (int64_t rb = blockIdx.y; rb < row_blocks; rb += gridDim.y) {
     const int64_t r0 = rb * kRowDotRows + threadIdx.y;
-    float acc[kRowsPerLane] = {}, lse2[kRowsPerLane];
-#pragma unroll
-    for (int k = 0; k < kRowsPerLane; ++k) lse2[k] = r0 + k * kRowLanes < p.M ? lse2_of(lse[r0 + k * kRowLanes]) : 0.f;
+    // Each row's log-normaliser is loaded with its row's values, not held for the whole strip: the
+    // registers hold both sums per row instead.
+    float acc[kRowsPerLane] = {}, out_sum[kRowsPerLane] = {};
     for (int64_t c0 = c_begin; c0 < c_end; c0 += kStrip) {
       if (!one_chunk) {
         __syncthreads();  // the previous chunk's maps are no longer read
@@ -83,29 +85,39 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
       for (int k0 = 0; k0 < kRowsPerLane; k0 += kBatch) {
         // Loads of a batch of rows first (rows past M read the last row: no branch between the loads),
         // then the math, masked.
-        float gv[kBatch][8], yv[kBatch][8];
+        float gv[kBatch][8], yv[kBatch][8], lse2[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int64_t i = clamp_row(r0 + (k0 + u) * kRowLanes, p.M);
           util::load8<kVec>(g + i * b.ldg, col, c_end, gv[u]);
           util::load8<kVec>(y + i * b.ldy, col, c_end, yv[u]);
+          lse2[u] = lse2_of(lse[i]);
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           if (r0 + (k0 + u) * kRowLanes >= p.M) continue;
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-            acc[k0 + u] = fmaf(gv[u][j], maps.softmax(j, yv[u][j], lse2[k0 + u]), acc[k0 + u]);
+          for (int j = 0; j < 8; ++j) {
+            const float out = maps.softmax(j, yv[u][j], lse2[u]);
+            acc[k0 + u] = fmaf(gv[u][j], out, acc[k0 + u]);
+            out_sum[k0 + u] += out;
+          }
         }
       }
     }
 #pragma unroll
     for (int k = 0; k < kRowsPerLane; ++k) {
-      float v = acc[k];
+      float dot = acc[k], sum = out_sum[k];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      for (int o = 16; o > 0; o >>= 1) {
+        dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      }
       const int64_t i = r0 + k * kRowLanes;
-      if (threadIdx.x == 0 && i < p.M) r_part[blockIdx.x * p.M + i] = v;
+      if (threadIdx.x == 0 && i < p.M) {
+        row_parts[blockIdx.x * p.M + i] = dot;
+        row_parts[(gridDim.x + blockIdx.x) * p.M + i] = sum;
+      }
     }
   }
 }
@@ -114,9 +126,9 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
 // is still in L2 when this pass starts.
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
-    grad_partials_kernel(BackwardProblem p, BackwardBuffers b, const float* __restrict__ r_part, int num_strips,
-                         float* __restrict__ r, GradPartials partials) {
-  __shared__ float r_tile[kMaxRowTile], lse2_tile[kMaxRowTile];
+    grad_partials_kernel(BackwardProblem p, BackwardBuffers b, const float* __restrict__ row_parts, int num_strips,
+                         float* __restrict__ row_sums, GradPartials partials) {
+  __shared__ float r_tile[kMaxRowTile], lse2_tile[kMaxRowTile], norm_tile[kMaxRowTile];
   __shared__ SharedColumnMaps shared_maps;
   __shared__ float sh1[kRowLanes][kStrip], sh2[kRowLanes][kStrip];
   begin_step();
@@ -131,13 +143,21 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     const int64_t tile = partials.num_row_tiles - 1 - step;
     const int64_t r0 = tile * partials.row_tile;
     const int rows = static_cast<int>(detail::row_tile_count(p.M, partials.row_tile, tile));
-    __syncthreads();  // the previous tile's r_tile, lse2_tile and sh1, sh2 are no longer read
+    __syncthreads();  // the previous tile's row values and sh1, sh2 are no longer read
     for (int i = t; i < rows; i += kColThreads * kRowLanes) {
-      float sum = 0.f;
-      for (int s = 0; s < num_strips; ++s) sum += r_part[s * p.M + r0 + i];
-      r_tile[i] = sum;
+      float dot = 0.f, out_sum = 0.f;
+      for (int s = 0; s < num_strips; ++s) {
+        dot += row_parts[s * p.M + r0 + i];
+        out_sum += row_parts[(num_strips + s) * p.M + r0 + i];
+      }
+      const float norm = detail::row_normaliser(out_sum);
+      r_tile[i] = dot * norm;
+      norm_tile[i] = norm;
       lse2_tile[i] = lse2_of(lse[r0 + i]);
-      if (strip == 0) r[r0 + i] = sum;  // for [B4]
+      if (strip == 0) {  // for [B4]
+        row_sums[r0 + i] = dot;
+        row_sums[p.M + r0 + i] = out_sum;
+      }
     }
     __syncthreads();
 
@@ -157,10 +177,10 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         for (int u = 0; u < kRowBatch; ++u) {
           const int i = i0 + u * kRowLanes;
           if (i >= rows) continue;
-          const float ri = r_tile[i], li = lse2_tile[i];
+          const float ri = r_tile[i], li = lse2_tile[i], norm = norm_tile[i];
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li), gv[u][j], ri);
+            const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li) * norm, gv[u][j], ri);
             s1[j] += dz;
             s2[j] = fmaf(dz, maps.xhat(j, yv[u][j]), s2[j]);
           }
@@ -202,14 +222,16 @@ int64_t grad_partials_row_tile(int64_t M) {
   return tile;
 }
 
-int64_t row_strip_width(int64_t N) {
-  return util::ceil_div(util::ceil_div(N, kStrip), kMaxRowStrips) * kStrip;
+int64_t row_strip_width(int64_t N) {  // at least one strip's width: N = 0 has no strips, not a width of 0
+  return std::max<int64_t>(1, util::ceil_div(util::ceil_div(N, kStrip), kMaxRowStrips)) * kStrip;
 }
 
-Status row_dot(const BackwardProblem& p, const BackwardBuffers& b, float* r_part, unsigned* counter,
-               cudaStream_t stream) {
+int64_t row_strips(int64_t N) { return util::ceil_div(N, row_strip_width(N)); }
+
+Status row_sums(const BackwardProblem& p, const BackwardBuffers& b, float* row_parts, unsigned* counter,
+                cudaStream_t stream) {
   const int64_t width = row_strip_width(p.N);
-  const int64_t strips = util::ceil_div(p.N, width);
+  const int64_t strips = row_strips(p.N);
   int64_t row_blocks = 0;
   const int64_t needed = util::ceil_div(p.M, int64_t{kRowDotRows});
   FUSED_RETURN_IF_ERROR(grid_row_blocks(FUSED_BWD_ROW_WAVE & 1, needed, strips, row_blocks));
@@ -219,17 +241,17 @@ Status row_dot(const BackwardProblem& p, const BackwardBuffers& b, float* r_part
   const bool vec = inputs_vectorizable(p, b);
   return util::with_cuda_type(p.grad_dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_step(vec ? row_dot_kernel<true, T> : row_dot_kernel<false, T>, grid, block, 0, stream,
-                       "backward row_dot_kernel launch", p, b, width, r_part, counter);
+    return launch_step(vec ? row_sums_kernel<true, T> : row_sums_kernel<false, T>, grid, block, 0, stream,
+                       "backward row_sums_kernel launch", p, b, width, row_parts, counter);
   });
 }
 
-Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const float* r_part, float* r,
+Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const float* row_parts, float* row_sums,
                      const GradPartials& partials, cudaStream_t stream) {
   if (partials.num_row_tiles != util::ceil_div(p.M, partials.row_tile) || partials.ld < p.N ||
       partials.row_tile > kMaxRowTile)
     return {StatusCode::kInvalidArgument, "backward partials: geometry does not match M, N"};
-  const int strips = static_cast<int>(util::ceil_div(p.N, row_strip_width(p.N)));
+  const int strips = static_cast<int>(row_strips(p.N));
   const int64_t column_strips = util::ceil_div(p.N, int64_t{kStrip});
   int64_t tile_blocks = 0;
   FUSED_RETURN_IF_ERROR(grid_row_blocks(FUSED_BWD_ROW_WAVE & 2, partials.num_row_tiles, column_strips, tile_blocks));
@@ -240,7 +262,7 @@ Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const f
   return util::with_cuda_type(p.grad_dtype, [&](auto tag) {
     using T = decltype(tag);
     return launch_step(vec ? grad_partials_kernel<true, T> : grad_partials_kernel<false, T>, grid, block, 0, stream,
-                       "backward grad_partials_kernel launch", p, b, r_part, strips, r, partials);
+                       "backward grad_partials_kernel launch", p, b, row_parts, strips, row_sums, partials);
   });
 }
 
