@@ -359,10 +359,11 @@ def test_gradients_at_large_logits(device, beta_std):
     gradient missed the bound at scale 10 with the default init (CPU, 256 x 1000 x 64: 6.9e-3
     against eager's 2.6e-4) and with beta ~ N(0, 10^2) x, gamma and beta were 15-35x worse than eager.
     The CPU computes in float64 and now beats eager everywhere here. The CUDA kernels compute in fp32:
-    a row-uniform absolute error in r_i (its fp32 sums) enters scale's gradient multiplied by the row's
-    mean logit (~100 here), and what remains is at eager's level rather than below it (an fp32 emulation
-    of the kernels: 6e-5 to 3e-4 depending on the order of the sums; before the row normalisation,
-    6.7e-3 and 1.8e-1); the measured CUDA figures are in the xfail reason."""
+    scale's gradient sums dz * z with z ~ 100 and is a small remainder of large terms, so their fp32
+    roundings leave it at eager's level rather than below it (an fp32 emulation of the kernels: 6e-5 to
+    3e-4 depending on the order of the sums; before the row normalisation, 6.7e-3 and 1.8e-1; with dz,
+    r_i, the column sums and xhat in float64, 1.5e-5 and 3.4e-5). The measured CUDA figures are in the
+    xfail reason."""
     p, stats, grad_out = make_problem(256, 1000, 64, torch.float32, device)
     p["scale"] = torch.full_like(p["scale"], 10.0)
     if beta_std:
