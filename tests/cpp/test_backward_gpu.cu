@@ -177,7 +177,21 @@ TEST_P(BackwardGpu, MatchesCpuFloat64AndIsDeterministic) {
     EXPECT_LE(test::rel_norm(got.gamma, want.gamma), 2e-5);
     EXPECT_LE(test::rel_norm(got.beta, want.beta), 2e-5);
   }
-  EXPECT_LE(test::rel_norm(got.scale, want.scale), 2e-5);
+  // A scalar scale's gradient, sum_n (gamma_n S2_n + beta_n S1_n) with S1 = sum_i dz and S2 = sum_i dz xhat
+  // (grad_beta / s and grad_gamma / s), can be a remainder far smaller than its terms: 2900 times here at
+  // M2100N8200, 140 at the headline. Rounding the terms to fp32 then moves it by up to about 2^-24 times
+  // that ratio (1.7e-4 at M2100N8200), which is the bound, and at least 2e-5. At M2100N8200 the kernels give
+  // 3.6e-5 (H100). They met 2e-5 there before the backward divided each recomputed row by its sum only
+  // because the reference recomputed the softmax from the same fp32 row_lse and so shared the kernels'
+  // error: normalising the reference's rows moves its d_scale by 6.5e-5 in that case.
+  double scale_tol = 2e-5;
+  if (gc.c.affine && !gc.c.column_scale) {
+    double terms = 0.0;
+    for (int64_t n = 0; n < gc.c.N; ++n) terms += std::fabs(d.gammaf[n] * want.gamma[n]) + std::fabs(d.betaf[n] * want.beta[n]);
+    terms /= std::fabs(d.scalef[0]);
+    scale_tol = std::max(scale_tol, std::ldexp(terms / std::fabs(want.scale[0]), -24));
+  }
+  EXPECT_LE(test::rel_norm(got.scale, want.scale), scale_tol) << "tolerance " << scale_tol;
   if (gc.c.batch_stats) {
     for (double v : got.bias) ASSERT_EQ(v, 0.0);
   } else {
