@@ -116,6 +116,60 @@ def test_virtual_ranks_match_the_full_batch(device, sizes, variant):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("column_scale", [False, True], ids=["scalar_scale", "column_scale"])
+def test_virtual_column_ranks_match_the_whole_block(device, column_scale):
+    """Column parallelism's steps without processes: W's rows split into two "ranks" of columns
+    (4 + 6), each rank's forward renormalised to the row's log-normaliser over both, each rank's
+    row sums ([2, M]: sum g * out, sum out) added over the ranks and given back to the sums op and
+    the backward (the path that places given row sums as the only strip). Its outputs and gradients
+    equal the whole block's: dx summed over ranks, dW, the BN parameters and a per-column scale
+    concatenated, a scalar scale's summed."""
+    t = make_block(device, column_scale=column_scale, seed=3)
+    M, cols = 9, [4, 6]
+    x = torch.rand(M, K, device=device) * 2 - 0.5
+    g = torch.randn(M, N, device=device)
+    (out, mean, invstd, y, lse), _, _ = full_batch_op(x, t)
+    mask = [True, True, True, True, True, True]
+    want = ops.gemm_bn_softmax_backward(g, y, mean, invstd, lse, x, t["weight"], t["bn_weight"], t["bn_bias"],
+                                        t["scale"], True, mask)
+
+    def shard(name, part):
+        v = t[name]
+        return v if name == "scale" and not column_scale else torch.split(v, cols)[part]
+
+    ranks = []
+    for part in range(len(cols)):
+        p = {name: shard(name, part) for name in ("weight", "bias", "bn_weight", "bn_bias", "scale", "rm", "rv")}
+        o, m, s, yr, lr = ops.gemm_bn_softmax(x, p["weight"], p["bias"], p["bn_weight"], p["bn_bias"], p["rm"].clone(),
+                                             p["rv"].clone(), None, p["scale"], True, 0.1, 1e-5)
+        ranks.append({"p": p, "out": o, "mean": m, "invstd": s, "y": yr, "lse": lr,
+                      "g": torch.split(g, cols, dim=1)[part].contiguous()})
+    row_lse = torch.logsumexp(torch.stack([r["lse"] for r in ranks]), dim=0)
+    got_out = torch.cat([r["out"] * torch.exp(r["lse"] - row_lse)[:, None] for r in ranks], dim=1)
+    assert rel_err(got_out, out) < 1e-5
+    for r in ranks:  # the backward sees the whole row's log-normaliser, as the column-parallel Function saves it
+        r["args"] = (r["g"], r["y"], r["mean"], r["invstd"], row_lse, r["p"]["bn_weight"], r["p"]["bn_bias"],
+                     r["p"]["scale"])
+    local = [ops.gemm_bn_softmax_backward_sums(*r["args"])[1] for r in ranks]
+    assert all(rs.shape == (2, M) for rs in local)
+    row_sums = sum(local)
+    got = []
+    for r in ranks:
+        sums, row_sums_out = ops.gemm_bn_softmax_backward_sums(*r["args"], row_sums)
+        assert torch.equal(row_sums_out, row_sums)  # the given sums come back as they were
+        got.append(ops.gemm_bn_softmax_backward(r["g"], r["y"], r["mean"], r["invstd"], row_lse, x,
+                                                r["p"]["weight"], r["p"]["bn_weight"], r["p"]["bn_bias"],
+                                                r["p"]["scale"], True, mask, None, None, row_sums, sums, sums[None]))
+    assert rel_err(sum(gr[0] for gr in got), want[0]) < 1e-5, "dx"
+    for i, name in enumerate(["weight", "bias", "bn_weight", "bn_bias", "scale"], start=1):
+        total = sum(gr[i] for gr in got) if name == "scale" and not column_scale else torch.cat([gr[i] for gr in got])
+        if name == "bias":
+            assert_cancelled_bias_grad(total, want[i], name)
+        else:
+            assert rel_err(total, want[i]) < 1e-5, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bad_records_are_refused(device):
     t = make_block(device)
     x = torch.rand(6, K, device=device)
