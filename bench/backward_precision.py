@@ -83,8 +83,9 @@ def emulate(p, grad_out, variant):
         s1, s2 = dz.sum(0), (dz * xhat).sum(0)
     else:
         xhat = d * invstd
-        o = (out.to(acc) * norm[:, None]).float() if not wide else out.double() * norm[:, None]
-        dz = (o * (g.to(o.dtype) - r.to(o.dtype)[:, None]).float().to(o.dtype)).float()
+        o = out.to(acc) * norm[:, None]
+        g_minus_r = (g.to(acc) - r[:, None]).float()  # rounded to fp32, as the kernels' g - r
+        dz = (o * g_minus_r.to(acc)).float()
         s1, s2 = dz.sum(0).double(), (dz * xhat).sum(0).double()
     s = p["scale"].double()
     return {"gamma": s * s2, "beta": s * s1,
