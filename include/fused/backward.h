@@ -82,7 +82,7 @@ struct BackwardBuffers {
 // row's sum: row_lse, rounded to the stats dtype, scales a whole recomputed row by exp(its rounding
 // error), up to half an ulp of row_lse (3.8e-6 at |row_lse| = 100, logits that large being common at a
 // scale of 10). Dividing by the row's own sum takes that common factor out.
-constexpr int kRowSumsRows = 2;  // detail::row_normaliser() turns row 1 into the divisor
+constexpr int kRowSumsRows = 2;  // detail::row_norm() turns the two into r_i and the divisor
 
 // Checks shapes, strides and arguments common to every path.
 Status validate(const BackwardProblem& p, const BackwardBuffers& b);

@@ -42,8 +42,9 @@ struct RowNorms {
   std::vector<double> r, normaliser;
   explicit RowNorms(const RowSums& s) : r(s.dot.size()), normaliser(s.dot.size()) {
     for (size_t i = 0; i < r.size(); ++i) {
-      normaliser[i] = detail::row_normaliser(s.out_sum[i]);
-      r[i] = s.dot[i] * normaliser[i];
+      const detail::RowNorm<double> row = detail::row_norm(s.dot[i], s.out_sum[i]);
+      normaliser[i] = row.normaliser;
+      r[i] = row.r;
     }
   }
 };

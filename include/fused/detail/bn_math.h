@@ -236,12 +236,18 @@ FUSED_HD float log_normaliser(float row_max, float sum_exp) { return row_max + l
 // The softmax backward of one element: dz = out * (g - r), r = sum over the row of g * out.
 FUSED_HD float softmax_grad(float out, float g, float r) { return out * (g - r); }
 
-// What a recomputed softmax row is multiplied by (fused/backward.h, kRowSumsRows): 1 / sum_n out, or 1
-// where that sum is 0 or not finite (N = 0, or a row whose logits are not finite: NaN then comes
-// through the row's dot).
+// A row's constants for the softmax backward, from its row sums (fused/backward.h, kRowSumsRows):
+// what each recomputed out of the row is multiplied by, 1 / sum_n out (or 1 where that sum is 0 or not
+// finite: N = 0, or a row whose logits are not finite, whose NaN then comes through the dot), and
+// r = sum_n g * out / sum_n out, the normalised row's sum of g * out.
 template <class T>
-FUSED_HD T row_normaliser(T out_sum) {
-  return out_sum > T(0) && out_sum < T(INFINITY) ? T(1) / out_sum : T(1);
+struct RowNorm {
+  T normaliser, r;
+};
+template <class T>
+FUSED_HD RowNorm<T> row_norm(T dot, T out_sum) {
+  const T normaliser = out_sum > T(0) && out_sum < T(INFINITY) ? T(1) / out_sum : T(1);
+  return {normaliser, dot * normaliser};
 }
 
 // The normalised value the forward computed: xhat = (y - mean) * invstd.

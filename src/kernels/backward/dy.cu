@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         const int local = threadIdx.y + (k0 + u) * kRowLanes;
         const int64_t i = r0 + local;
         if (i >= M || col >= N) continue;
-        const float norm = detail::row_normaliser(row_sums[M + i]), ri = row_sums[i] * norm, li = lse2_of(lse[i]);
+        const detail::RowNorm<float> row = detail::row_norm(row_sums[i], row_sums[M + i]);
+        const float norm = row.normaliser, ri = row.r, li = lse2_of(lse[i]);
         float d[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {

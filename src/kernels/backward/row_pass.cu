@@ -150,9 +150,9 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         dot += row_parts[s * p.M + r0 + i];
         out_sum += row_parts[(num_strips + s) * p.M + r0 + i];
       }
-      const float norm = detail::row_normaliser(out_sum);
-      r_tile[i] = dot * norm;
-      norm_tile[i] = norm;
+      const detail::RowNorm<float> row = detail::row_norm(dot, out_sum);
+      r_tile[i] = row.r;
+      norm_tile[i] = row.normaliser;
       lse2_tile[i] = lse2_of(lse[r0 + i]);
       if (strip == 0) {  // for [B4]
         row_sums[r0 + i] = dot;
