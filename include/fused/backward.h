@@ -4,7 +4,8 @@
 // softmax log-normaliser lse) and g = dL/dout, per column j over the rows i (s = scale, per column
 // or scalar):
 //   xhat = (y - mean) * invstd   z = s (gamma xhat + beta)   out = exp(z - lse_i), recomputed in
-//   fp32 (not read back rounded to the output dtype: more accurate, fewer bytes)
+//   fp32, its exponent in double for fp32 gradients (not read back rounded to the output dtype: more
+//   accurate, fewer bytes)
 //   dz = out * (g - r_i),  r_i = sum_n g_in * out_in
 //   S1_j = sum_i dz_ij    S2_j = sum_i dz_ij * xhat_ij
 //   d_beta = s S1   d_gamma = s S2   d_scale = sum_j (gamma S2 + beta S1) (or per column)
@@ -73,15 +74,17 @@ struct BackwardBuffers {
   const double* local_sums = nullptr;  // rank_record_size(N) doubles
   const double* rank_sums = nullptr;   // num_ranks records
   int64_t num_ranks = 0;
-  const void* row_sums = nullptr;  // (2, M) stats_dtype: see kRowSumsRows
+  const double* row_sums = nullptr;  // (2, M): see kRowSumsRows
 };
 
-// The backward's row sums, (2, M): row 0 holds sum_n g_in out_in, row 1 sum_n out_in, out being the
+// The backward's row sums, (2, M) doubles: row 0 holds sum_n g_in out_in, row 1 sum_n out_in, out being the
 // softmax recomputed from y and row_lse. Both are sums over columns, so column-parallel ranks add
 // theirs. The softmax backward's r_i is their ratio, and every recomputed out is divided by the
 // row's sum: row_lse, rounded to the stats dtype, scales a whole recomputed row by exp(its rounding
 // error), up to half an ulp of row_lse (3.8e-6 at |row_lse| = 100, logits that large being common at a
-// scale of 10). Dividing by the row's own sum takes that common factor out.
+// scale of 10). Dividing by the row's own sum takes that common factor out. They are kept in double
+// because, for fp32 gradients, [B2] computes dz in double from them, and rounded sums would leave
+// sum_n dz_n != 0 at fp32's level, which a scalar scale's gradient amplifies by the logits' size.
 constexpr int kRowSumsRows = 2;  // detail::row_norm() turns the two into r_i and the divisor
 
 // Checks shapes, strides and arguments common to every path.
@@ -91,18 +94,18 @@ namespace cpu {
 // The whole backward up to dy on host memory, double-precision math (any stats_dtype, fp64 included).
 Status backward(const BackwardProblem& p, const BackwardBuffers& b, const ParallelFor& parallel_for = serial_for);
 // Data-parallel step 1: this rank's column-sums record (rank_record_size(N) doubles, count = M) and
-// row sums ((2, M) of stats_dtype), for the caller to exchange; then backward() with local_sums /
+// row sums ((2, M) doubles), for the caller to exchange; then backward() with local_sums /
 // rank_sums / row_sums set. With b.row_sums given (column parallelism: the row sums added over every
 // rank's columns), the sums use it and row_sums (the output) may be null.
-Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_sums,
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, double* row_sums,
                             const ParallelFor& parallel_for = serial_for);
 }  // namespace cpu
 
 namespace cuda {
 // Device workspace for backward(), 256-byte aligned pointer expected:
-//   the row sums and their strip partials (66 M floats at most), S1 and S2 partials (2 * ceil(M / row_tile) * N
-//   floats, row_tile 64..1024 rows), dy's b and c (2 N floats), per-block d_scale sums and a counter.
-// Headline problem (M = 1024, N = 8192): about 1.3 MiB.
+//   the row sums and their strip partials (66 M doubles at most), S1 and S2 partials (2 * ceil(M / row_tile) * N
+//   doubles, row_tile 64..1024 rows), dy's b and c (2 N floats), per-block d_scale sums and a counter.
+// Headline problem (M = 1024, N = 8192): about 2.6 MiB.
 std::size_t backward_workspace_bytes(const BackwardProblem& p);
 // [B1]..[B4], stream-ordered on `stream`, no host synchronisation. stats_dtype must be fp32 and
 // grad_dtype / dy_dtype fp32, bf16 or fp16.
@@ -110,7 +113,7 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
                 cudaStream_t stream);
 // Data-parallel step 1 ([B1], [B2] and the tile sums): as cpu::backward_column_sums, on device
 // memory; the same workspace as backward().
-Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_sums,
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, double* row_sums,
                             void* workspace, std::size_t workspace_size, cudaStream_t stream);
 
 // The backward's GEMMs at precision k3xTF32: c (m, n) = a (m, k) b (k, n), all three row-major

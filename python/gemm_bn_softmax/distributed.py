@@ -143,7 +143,7 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
     vectors and per-column scale) and computes those columns of the output. BatchNorm is per
     column, so each rank's statistics are its own; the softmax spans every rank's columns: each
     row's log-normaliser is combined over ranks (one all_gather of M floats), and in the backward
-    each row's sums of g * out and of out (one more, 2M floats: the backward divides each
+    each row's sums of g * out and of out (one more, 2M doubles: the backward divides each
     recomputed row by its sum). dx sums every rank's share (all_reduce), as the
     input of a column-parallel Linear does."""
 

@@ -34,8 +34,8 @@ WorkspaceLayout layout(const BackwardProblem& p) {
   const auto n = static_cast<std::size_t>(p.N);
   const auto strips = static_cast<std::size_t>(backward_steps::row_strips(p.N));
   const std::size_t rows = kRowSumsRows * static_cast<std::size_t>(p.M);
-  return {align_up(sizeof(float) * strips * rows), align_up(sizeof(float) * rows),
-          align_up(sizeof(float) * static_cast<std::size_t>(g.num_row_tiles) * n), align_up(sizeof(float) * n),
+  return {align_up(sizeof(double) * strips * rows), align_up(sizeof(double) * rows),
+          align_up(sizeof(double) * static_cast<std::size_t>(g.num_row_tiles) * n), align_up(sizeof(float) * n),
           align_up(sizeof(double) * static_cast<std::size_t>(util::ceil_div(p.N, backward_steps::kFinalizeThreads))),
           align_up(sizeof(unsigned))};
 }
@@ -52,8 +52,8 @@ namespace {
 
 // The workspace's regions, carved in order.
 struct WorkspaceRegions {
-  float* row_parts = nullptr;
-  float* row_sums = nullptr;
+  double* row_parts = nullptr;
+  double* row_sums = nullptr;
   GradPartials partials;
   DyCoefficients coef;
   double* block_sums = nullptr;
@@ -76,11 +76,11 @@ Status check_and_carve(const BackwardProblem& p, const BackwardBuffers& b, void*
     cursor += bytes;
     return ptr;
   };
-  w.row_parts = reinterpret_cast<float*>(take(ws.row_parts));
-  w.row_sums = reinterpret_cast<float*>(take(ws.row_sums));
+  w.row_parts = reinterpret_cast<double*>(take(ws.row_parts));
+  w.row_sums = reinterpret_cast<double*>(take(ws.row_sums));
   w.partials = partials_geometry(p);
-  w.partials.s1 = reinterpret_cast<float*>(take(ws.partials));
-  w.partials.s2 = reinterpret_cast<float*>(take(ws.partials));
+  w.partials.s1 = reinterpret_cast<double*>(take(ws.partials));
+  w.partials.s2 = reinterpret_cast<double*>(take(ws.partials));
   w.coef.b = reinterpret_cast<float*>(take(ws.coefficients));
   w.coef.c = reinterpret_cast<float*>(take(ws.coefficients));
   w.block_sums = reinterpret_cast<double*>(take(ws.block_sums));
@@ -93,14 +93,14 @@ Status check_and_carve(const BackwardProblem& p, const BackwardBuffers& b, void*
 // replaced by placing them as the only non-zero strip, which [B2] then sums to exactly them (adding
 // zeros changes no value).
 Status row_pass(const BackwardProblem& p, const BackwardBuffers& b, const WorkspaceRegions& w,
-                const float* given_row_sums, float* row_sums, cudaStream_t stream) {
+                const double* given_row_sums, double* row_sums, cudaStream_t stream) {
   if (p.M == 0) {  // no row pass to zero the counter (and nothing to sum: every gradient is 0)
     return util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream), "CUDA backward: cudaMemsetAsync");
   }
   util::NvtxRange range("fused::backward_row_pass");
   if (given_row_sums != nullptr) {
     const auto strips = static_cast<std::size_t>(backward_steps::row_strips(p.N));
-    const std::size_t row_bytes = sizeof(float) * static_cast<std::size_t>(p.M);
+    const std::size_t row_bytes = sizeof(double) * static_cast<std::size_t>(p.M);
     FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.row_parts, 0, kRowSumsRows * strips * row_bytes, stream),
                                             "CUDA backward: cudaMemsetAsync"));
     // row k of the given sums into strip 0 of row_parts' k-th half ((2, strips, M))
@@ -128,9 +128,9 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
                                "CUDA backward: cudaMemsetAsync");
     return Status::Ok();
   }
-  const float* row_sums = w.row_sums;
+  const double* row_sums = w.row_sums;
   if (b.rank_sums != nullptr) {  // data parallel: [B1] and [B2] ran in backward_column_sums
-    row_sums = static_cast<const float*>(b.row_sums);
+    row_sums = static_cast<const double*>(b.row_sums);
     FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(w.counter, 0, sizeof(unsigned), stream),
                                             "CUDA backward: cudaMemsetAsync"));
   } else {
@@ -144,17 +144,17 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, void* worksp
   return backward_steps::dy_pass(p, b, row_sums, w.coef, stream);
 }
 
-Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, float* row_sums,
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, double* row_sums,
                             void* workspace, std::size_t workspace_size, cudaStream_t stream) {
   WorkspaceRegions w;
   FUSED_RETURN_IF_ERROR(check_and_carve(p, b, workspace, workspace_size, w));
-  const auto* given_row_sums = static_cast<const float*>(b.row_sums);
+  const auto* given_row_sums = static_cast<const double*>(b.row_sums);
   if (sums == nullptr || (p.M > 0 && row_sums == nullptr && given_row_sums == nullptr))
     return {StatusCode::kInvalidArgument, "backward_column_sums: sums and row_sums (or a given b.row_sums) are required"};
   if (p.N > 0) {
     FUSED_RETURN_IF_ERROR(row_pass(p, b, w, given_row_sums, row_sums != nullptr ? row_sums : w.row_sums, stream));
   } else if (p.M > 0 && row_sums != nullptr) {  // no columns: every row sum is 0
-    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(row_sums, 0, sizeof(float) * kRowSumsRows * p.M, stream),
+    FUSED_RETURN_IF_ERROR(util::cuda_status(cudaMemsetAsync(row_sums, 0, sizeof(double) * kRowSumsRows * p.M, stream),
                                             "backward_column_sums: cudaMemsetAsync"));
   }
   util::NvtxRange range("fused::backward_column_sums");

@@ -22,17 +22,13 @@ struct RowSums {
   std::vector<double> dot, out_sum;
   explicit RowSums(int64_t M) : dot(static_cast<size_t>(M), 0.0), out_sum(static_cast<size_t>(M), 0.0) {}
 
-  void load(const void* given, ElementType t, int64_t M) {
-    for (int64_t i = 0; i < M; ++i) {
-      dot[i] = half_bits::load_double(given, t, i);
-      out_sum[i] = half_bits::load_double(given, t, M + i);
-    }
+  void load(const double* given, int64_t M) {
+    dot.assign(given, given + M);
+    out_sum.assign(given + M, given + 2 * M);
   }
-  void store(void* dst, ElementType t, int64_t M) const {
-    for (int64_t i = 0; i < M; ++i) {
-      half_bits::store_double(dst, t, i, dot[i]);
-      half_bits::store_double(dst, t, M + i, out_sum[i]);
-    }
+  void store(double* dst, int64_t M) const {
+    std::copy(dot.begin(), dot.end(), dst);
+    std::copy(out_sum.begin(), out_sum.end(), dst + M);
   }
 };
 
@@ -115,7 +111,7 @@ class Rows {
 
 }  // namespace
 
-Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, void* row_sums,
+Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, double* sums, double* row_sums,
                             const ParallelFor& parallel_for) {
   if (Status s = validate(p, b); !s.ok()) return s;
   const bool given = b.row_sums != nullptr;
@@ -125,7 +121,7 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
   sums[0] = static_cast<double>(M);
   RowSums row(M);
   std::vector<double> s1(static_cast<size_t>(N), 0.0), s2(static_cast<size_t>(N), 0.0);
-  if (given) row.load(b.row_sums, p.stats_dtype, M);
+  if (given) row.load(b.row_sums, M);
   if (N > 0) {
     const Rows rows(p, b);
     if (!given) row = rows.row_sums(parallel_for);
@@ -135,7 +131,7 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
     sums[1 + n] = s1[n];
     sums[1 + N + n] = s2[n];
   }
-  if (row_sums != nullptr) row.store(row_sums, p.stats_dtype, M);
+  if (row_sums != nullptr) row.store(row_sums, M);
   return Status::Ok();
 }
 
@@ -153,7 +149,7 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, const Parall
   std::vector<double> s1, s2;
   const bool data_parallel = b.rank_sums != nullptr;
   if (data_parallel) {
-    row.load(b.row_sums, p.stats_dtype, M);
+    row.load(b.row_sums, M);
   } else {
     row = rows.row_sums(parallel_for);
   }

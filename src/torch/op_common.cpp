@@ -214,7 +214,7 @@ SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& gi
   SumsCall c{allocate_sums_outputs(a), prepare_backward(a, none)};
   if (defined(given_row_sums)) {
     c.given_row_sums = given_row_sums->contiguous();
-    c.tensors.buffers.row_sums = c.given_row_sums.data_ptr();
+    c.tensors.buffers.row_sums = c.given_row_sums.data_ptr<double>();
   }
   return c;
 }
@@ -222,7 +222,7 @@ SumsCall prepare_sums(const BackwardArgs& a, const std::optional<at::Tensor>& gi
 SumsOutputs allocate_sums_outputs(const BackwardArgs& a) {
   const c10::SymInt M = a.grad_out.sym_size(0), N = a.grad_out.sym_size(1);
   SumsOutputs outs{at::empty_symint({2 * N + 1}, a.grad_out.options().dtype(at::kDouble)),
-                   at::empty_symint({c10::SymInt(kRowSumsRows), M}, a.y.options())};
+                   at::empty_symint({c10::SymInt(kRowSumsRows), M}, a.y.options().dtype(at::kDouble))};
   poison({std::get<0>(outs), std::get<1>(outs)});
   return outs;
 }
@@ -392,9 +392,9 @@ void check_given_row_sums(const BackwardArgs& a, const std::optional<at::Tensor>
   if (!defined(row_sums)) return;
   const at::Tensor& g = a.grad_out;
   TORCH_CHECK(row_sums->dim() == 2 && row_sums->sym_size(0) == kRowSumsRows && row_sums->sym_size(1) == g.sym_size(0) &&
-                  row_sums->scalar_type() == a.y.scalar_type() && row_sums->device() == g.device(),
+                  row_sums->scalar_type() == at::kDouble && row_sums->device() == g.device(),
               "row_sums must be [2, batch] = [2, ", g.sym_size(0), "] (each row's sum of grad_out * out, then of out) "
-              "of y's dtype on grad_out's device, got ", row_sums->sym_sizes(), " ", row_sums->scalar_type());
+              "of float64 on grad_out's device, got ", row_sums->sym_sizes(), " ", row_sums->scalar_type());
 }
 
 void check_rank_records(const at::Tensor& records, const std::optional<at::Tensor>& own, const c10::SymInt& N,
@@ -489,7 +489,7 @@ void BackwardTensors::set_data_parallel(const BackwardArgs& a) {
   row_sums = a.row_sums->contiguous();
   local_sums = a.local_sums->contiguous();
   rank_sums = a.rank_sums->contiguous();
-  buffers.row_sums = row_sums.data_ptr();
+  buffers.row_sums = row_sums.data_ptr<double>();
   buffers.local_sums = local_sums.data_ptr<double>();
   buffers.rank_sums = rank_sums.data_ptr<double>();
   buffers.num_ranks = rank_sums.size(0);

@@ -192,7 +192,7 @@ FromMomentsCall prepare_from_moments(const FromMomentsArgs& a);
 void check_rank_records(const at::Tensor& records, const std::optional<at::Tensor>& own, const c10::SymInt& N,
                         const at::Device& device, const char* name, const char* own_name);
 // The backward's step 1, gemm_bn_softmax_backward_sums: this rank's sums record ([2N + 1] float64)
-// and row sums ([2, M], y's dtype: fused/backward.h's kRowSumsRows). Reads the BackwardArgs of the
+// and row sums ([2, M] float64: fused/backward.h's kRowSumsRows). Reads the BackwardArgs of the
 // backward without x and weight. With a given row_sums (column parallelism's row sums over every
 // rank's columns), the sums use it and row_sums_out is a copy of it.
 using SumsOutputs = std::tuple<at::Tensor, at::Tensor>;

@@ -86,7 +86,7 @@ SumsOutputs gemm_bn_softmax_backward_sums_cpu(const BackwardArgs& a, const OptTe
   SumsCall c = prepare_sums(a, given_row_sums);
   auto& [sums, row_sums] = c.outs;
   throw_on_error(cpu::backward_column_sums(c.tensors.problem, c.tensors.buffers, sums.data_ptr<double>(),
-                                           row_sums.data_ptr(), parallel),
+                                           row_sums.data_ptr<double>(), parallel),
                  "gemm_bn_softmax_backward_sums");
   return c.outs;
 }

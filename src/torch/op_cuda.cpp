@@ -223,7 +223,7 @@ SumsOutputs gemm_bn_softmax_backward_sums_cuda(const BackwardArgs& a, const OptT
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.grad_out.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.grad_out.get_device()).stream();
   throw_on_error(cuda::backward_column_sums(c.tensors.problem, c.tensors.buffers, sums.data_ptr<double>(),
-                                            static_cast<float*>(row_sums.data_ptr()), workspace.data_ptr(), ws_bytes,
+                                            row_sums.data_ptr<double>(), workspace.data_ptr(), ws_bytes,
                                             stream),
                  "gemm_bn_softmax_backward_sums (CUDA)");
   return c.outs;

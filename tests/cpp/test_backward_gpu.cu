@@ -242,7 +242,7 @@ TEST(BackwardGpuDataParallel, RankSplitMatchesTheWholeBatch) {
   const std::vector<int64_t> rows = {117, 0, 183};
   Device g(d.gf), y(d.yf), lse(d.lsef), mean(d.meanf), invstd(d.invstdf), gamma(d.gammaf), beta(d.betaf),
       scale(d.scalef);
-  Device dy(M * N * 4), rank_sums(rows.size() * record * 8), row_sums(kRowSumsRows * M * 4);
+  Device dy(M * N * 4), rank_sums(rows.size() * record * 8), row_sums(kRowSumsRows * M * 8);
   std::vector<Device> ggamma, gbeta, gbias, gscale;  // reserved: Device owns memory, it must not be copied
   for (auto* v : {&ggamma, &gbeta, &gbias, &gscale}) v->reserve(rows.size());
   for (size_t r = 0; r < rows.size(); ++r) {
@@ -268,7 +268,7 @@ TEST(BackwardGpuDataParallel, RankSplitMatchesTheWholeBatch) {
       const size_t ws_bytes = cuda::backward_workspace_bytes(p);
       Device ws(ws_bytes);
       auto* sums = static_cast<double*>(rank_sums.ptr) + r * record;
-      auto* rank_row_sums = static_cast<float*>(row_sums.ptr) + kRowSumsRows * r0;  // this rank's (2, M_r)
+      auto* rank_row_sums = static_cast<double*>(row_sums.ptr) + kRowSumsRows * r0;  // this rank's (2, M_r)
       Status s;
       if (step == 0) {
         s = cuda::backward_column_sums(p, b, sums, rank_row_sums, ws.ptr, ws_bytes, nullptr);

@@ -189,9 +189,10 @@ def test_bad_records_are_refused(device):
     base = (g, y, mean, invstd, lse, x, t["weight"], t["bn_weight"], t["bn_bias"], t["scale"])
     with pytest.raises(RuntimeError, match="must be given together"):
         ops.gemm_bn_softmax_backward(*base, True, mask, None, None, None, None, sums[None])
+    assert row_sums.dtype == torch.float64  # row sums in fp32 would lose what the backward's dz needs
     with pytest.raises(RuntimeError, match="row_sums must be"):  # a given row_sums (column parallelism)
         ops.gemm_bn_softmax_backward_sums(g, y, mean, invstd, lse, t["bn_weight"], t["bn_bias"], t["scale"],
-                                          row_sums.double())
+                                          row_sums.float())
     with pytest.raises(RuntimeError, match="local_sums must be float64"):
         ops.gemm_bn_softmax_backward(*base, True, mask, None, None, row_sums, sums[:-1], sums[None])
     with pytest.raises(RuntimeError, match="row_sums must be"):

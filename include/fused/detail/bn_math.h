@@ -234,7 +234,10 @@ FUSED_HD float log_normaliser(float row_max, float sum_exp) { return row_max + l
 // ---- backward (fused/backward.h) ----
 
 // The softmax backward of one element: dz = out * (g - r), r = sum over the row of g * out.
-FUSED_HD float softmax_grad(float out, float g, float r) { return out * (g - r); }
+template <class T>
+FUSED_HD T softmax_grad(T out, T g, T r) {
+  return out * (g - r);
+}
 
 // A row's constants for the softmax backward, from its row sums (fused/backward.h, kRowSumsRows):
 // what each recomputed out of the row is multiplied by, 1 / sum_n out (or 1 where that sum is 0 or not

@@ -8,8 +8,8 @@ namespace fused::cuda::backward_steps {
 
 // Column sums of one row tile each: s1[t * ld + n] = sum over the rows of tile t of dz, s2 of dz * xhat.
 struct GradPartials {
-  float* s1 = nullptr;
-  float* s2 = nullptr;
+  double* s1 = nullptr;
+  double* s2 = nullptr;
   int64_t num_row_tiles = 0;
   int64_t row_tile = 0;
   int64_t ld = 0;  // >= N
@@ -33,13 +33,13 @@ constexpr int64_t kMaxRowStrips = 32;
 int64_t row_strip_width(int64_t N);
 int64_t row_strips(int64_t N);  // the row pass's strips per row (0 when N = 0)
 
-// [B1] row_parts (2 x row_strips(N) x M floats): [s * M + i] = sum over the columns of strip s of
+// [B1] row_parts (2 x row_strips(N) x M doubles): [s * M + i] = sum over the columns of strip s of
 // g[i, n] * out[i, n], [(strips + s) * M + i] = of out[i, n]; also zeroes `counter` for [B3].
-Status row_sums(const BackwardProblem& p, const BackwardBuffers& b, float* row_parts, unsigned* counter,
+Status row_sums(const BackwardProblem& p, const BackwardBuffers& b, double* row_parts, unsigned* counter,
                 cudaStream_t stream);
 // [B2] row_sums (2 x M, fused/backward.h's kRowSumsRows) = the strips of row_parts summed in order,
 // and the per-row-tile column sums of dz and dz * xhat.
-Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const float* row_parts, float* row_sums,
+Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const double* row_parts, double* row_sums,
                      const GradPartials& partials, cudaStream_t stream);
 // [B3] merges the tiles in order, writes the parameter gradients and the dy coefficients. A scalar
 // scale's gradient is summed over column blocks by the last block to finish (block_sums holds
@@ -50,7 +50,7 @@ constexpr int kFinalizeThreads = 256;
 // Data-parallel step 1's end: sums = [M, S1[N], S2[N]], the tiles merged in order as [B3] does.
 Status column_sums(int64_t M, int64_t N, const GradPartials& partials, double* sums, cudaStream_t stream);
 // [B4] dy and/or dy^T.
-Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* row_sums, const DyCoefficients& coef,
+Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const double* row_sums, const DyCoefficients& coef,
                cudaStream_t stream);
 
 }  // namespace fused::cuda::backward_steps

@@ -26,7 +26,8 @@ constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
 
 template <bool kVec, class T, class TDy>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
-    dy_kernel(BackwardProblem p, BackwardBuffers bufs, const float* __restrict__ row_sums, DyCoefficients coef) {
+    dy_kernel(BackwardProblem p, BackwardBuffers bufs, const double* __restrict__ row_sums, DyCoefficients coef) {
+  using Acc = BackwardAcc<T>;  // the map's precision, as [B1] and [B2] recompute out
   extern __shared__ float tile[];  // kTileRows x kPitch, only when dy_t is written
   __shared__ SharedColumnMaps shared_maps;
   begin_step();
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
   const int64_t col = c0 + threadIdx.x * 8;
   shared_maps.fill(p, bufs, c0, threadIdx.y * kColThreads + threadIdx.x);
   __syncthreads();
-  ColumnMaps maps;
+  ColumnMaps<Acc> maps;
   maps.load(shared_maps, threadIdx.x * 8);
   float b[8] = {}, c[8] = {}, slope[8];
   if (col < N) {
@@ -53,7 +54,8 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTileRows;
     constexpr int kRows = kTileRows / kRowLanes;  // rows per thread
-    constexpr int kBatch = 2;                      // rows whose loads are in flight together
+    // rows whose loads are in flight together (1 for the wide map's element-wise loads: 2 would spill)
+    constexpr int kBatch = kVec || !std::is_same_v<Acc, double> ? 2 : 1;
 #pragma unroll
     for (int k0 = 0; k0 < kRows; k0 += kBatch) {
       float gv[kBatch][8] = {}, yv[kBatch][8] = {};
@@ -72,8 +74,9 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         const int local = threadIdx.y + (k0 + u) * kRowLanes;
         const int64_t i = r0 + local;
         if (i >= M || col >= N) continue;
-        const detail::RowNorm<float> row = detail::row_norm(row_sums[i], row_sums[M + i]);
-        const float norm = row.normaliser, ri = row.r, li = lse2_of(lse[i]);
+        const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
+        const float norm = static_cast<float>(row.normaliser), ri = static_cast<float>(row.r);
+        const Acc li = lse2_of<Acc>(lse[i]);
         float d[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -108,7 +111,7 @@ bool vectorizable(const BackwardProblem& p, const BackwardBuffers& b) {
 
 }  // namespace
 
-Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const float* row_sums, const DyCoefficients& coef,
+Status dy_pass(const BackwardProblem& p, const BackwardBuffers& b, const double* row_sums, const DyCoefficients& coef,
                cudaStream_t stream) {
   if (p.M == 0 || p.N == 0 || (b.dy == nullptr && b.dy_t == nullptr)) return Status::Ok();
   const int64_t row_tiles = util::ceil_div(p.M, kTileRows);

@@ -6,6 +6,10 @@
 //      1 / sum out and r_i = sum g * out / sum out; then per row tile S1 = sum dz and S2 = sum dz * xhat
 //      of every column, dz = out * (g - r_i) with out divided by its row's sum. Block (32 x 8) covers
 //      256 columns for row tiles; the 8 row lanes are merged in a fixed order. Deterministic, no atomics.
+// For fp32 gradients both passes sum in double (BackwardAcc), and [B2] computes dz in double: a scalar
+// scale's gradient, sum_n (gamma S2 + beta S1), is a small remainder of terms about |z| times larger,
+// and it needs sum_n dz = 0 per row to better than fp32's rounding. That holds only where [B1]'s sums
+// and [B2]'s dz are computed alike: the products g * out in double in both.
 // Both launch one wave of blocks (kBlocksPerSm per SM), each walking row blocks (tiles) of its strip,
 // where one block per row block would queue: a block fills its column maps once, not once per row
 // block, and no partial last wave idles SMs. A row's sums and a tile's partials do not depend on which
@@ -35,6 +39,18 @@ constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
 #endif
 constexpr int kRowDotBatch = FUSED_BWD_ROW_DOT_BATCH;
 constexpr int kRowBatch = 2;
+// fp32 gradients' [B1] holds its sums in double: 2 rows in flight, as 4 would spill (before sm_90, 60
+// bytes spill even so); [B2]'s element-wise loads take 1 there (and spill 60 bytes).
+constexpr int kRowDotBatchWide = 2;
+
+template <class Acc>
+__device__ __forceinline__ Acc fma_acc(Acc a, Acc b, Acc c) {
+  if constexpr (std::is_same_v<Acc, double>) {
+    return fma(a, b, c);
+  } else {
+    return fmaf(a, b, c);
+  }
+}
 // Bit 0: [B1] launches one wave of blocks, bit 1: [B2] does; a clear bit gives that kernel one block
 // per row block (tile) again, the grid before the wave, for A/B runs.
 #ifndef FUSED_BWD_ROW_WAVE
@@ -47,8 +63,9 @@ __device__ __forceinline__ int64_t clamp_row(int64_t i, int64_t rows) { return i
 // row_parts: (2, strips, M): strip s's sum of g * out at [s * M + i], of out at [(strips + s) * M + i].
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
-    row_sums_kernel(BackwardProblem p, BackwardBuffers b, int64_t strip_width, float* __restrict__ row_parts,
+    row_sums_kernel(BackwardProblem p, BackwardBuffers b, int64_t strip_width, double* __restrict__ row_parts,
                     unsigned* counter) {
+  using Acc = BackwardAcc<T>;
   __shared__ SharedColumnMaps shared_maps;
   begin_step();
   const int t = threadIdx.y * kColThreads + threadIdx.x;
@@ -65,12 +82,13 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     __syncthreads();
   }
   const int64_t row_blocks = (p.M + kRowDotRows - 1) / kRowDotRows;
-  constexpr int kBatch = kVec ? kRowDotBatch : kRowBatch;  // the element-wise loads' 4 would spill
+  // the element-wise loads' 4 would spill
+  constexpr int kBatch = !kVec ? kRowBatch : (std::is_same_v<Acc, double> ? kRowDotBatchWide : kRowDotBatch);
   for (int64_t rb = blockIdx.y; rb < row_blocks; rb += gridDim.y) {
     const int64_t r0 = rb * kRowDotRows + threadIdx.y;
     // Each row's log-normaliser is loaded with its row's values, not held for the whole strip: the
     // registers hold both sums per row instead.
-    float acc[kRowsPerLane] = {}, out_sum[kRowsPerLane] = {};
+    Acc acc[kRowsPerLane] = {}, out_sum[kRowsPerLane] = {};
     for (int64_t c0 = c_begin; c0 < c_end; c0 += kStrip) {
       if (!one_chunk) {
         __syncthreads();  // the previous chunk's maps are no longer read
@@ -79,19 +97,20 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
       }
       const int64_t col = c0 + threadIdx.x * 8;
       if (col >= c_end) continue;
-      ColumnMaps maps;
+      ColumnMaps<Acc> maps;
       maps.load(shared_maps, threadIdx.x * 8);
 #pragma unroll
       for (int k0 = 0; k0 < kRowsPerLane; k0 += kBatch) {
         // Loads of a batch of rows first (rows past M read the last row: no branch between the loads),
         // then the math, masked.
-        float gv[kBatch][8], yv[kBatch][8], lse2[kBatch];
+        float gv[kBatch][8], yv[kBatch][8];
+        Acc lse2[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int64_t i = clamp_row(r0 + (k0 + u) * kRowLanes, p.M);
           util::load8<kVec>(g + i * b.ldg, col, c_end, gv[u]);
           util::load8<kVec>(y + i * b.ldy, col, c_end, yv[u]);
-          lse2[u] = lse2_of(lse[i]);
+          lse2[u] = lse2_of<Acc>(lse[i]);
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
@@ -99,15 +118,15 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             const float out = maps.softmax(j, yv[u][j], lse2[u]);
-            acc[k0 + u] = fmaf(gv[u][j], out, acc[k0 + u]);
-            out_sum[k0 + u] += out;
+            acc[k0 + u] = fma_acc(static_cast<Acc>(gv[u][j]), static_cast<Acc>(out), acc[k0 + u]);
+            out_sum[k0 + u] += static_cast<Acc>(out);
           }
         }
       }
     }
 #pragma unroll
     for (int k = 0; k < kRowsPerLane; ++k) {
-      float dot = acc[k], sum = out_sum[k];
+      Acc dot = acc[k], sum = out_sum[k];
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
         dot += __shfl_xor_sync(0xffffffffu, dot, o);
@@ -126,11 +145,15 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
 // is still in L2 when this pass starts.
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
-    grad_partials_kernel(BackwardProblem p, BackwardBuffers b, const float* __restrict__ row_parts, int num_strips,
-                         float* __restrict__ row_sums, GradPartials partials) {
-  __shared__ float r_tile[kMaxRowTile], lse2_tile[kMaxRowTile], norm_tile[kMaxRowTile];
+    grad_partials_kernel(BackwardProblem p, BackwardBuffers b, const double* __restrict__ row_parts, int num_strips,
+                         double* __restrict__ row_sums, GradPartials partials) {
+  using Acc = BackwardAcc<T>;
+  constexpr int kHalfLanes = kRowLanes / 2;  // the row lanes' sums are merged in two steps (static smem < 48 KiB)
+  __shared__ Acc r_tile[kMaxRowTile], norm_tile[kMaxRowTile];
+  __shared__ float lse_tile[kMaxRowTile];
   __shared__ SharedColumnMaps shared_maps;
-  __shared__ float sh1[kRowLanes][kStrip], sh2[kRowLanes][kStrip];
+  __shared__ Acc sh1[kHalfLanes][kStrip], sh2[kHalfLanes][kStrip];
+  constexpr int kBatch = kVec || !std::is_same_v<Acc, double> ? kRowBatch : 1;
   begin_step();
   const auto* g = static_cast<const T*>(b.grad_out);
   const auto* y = static_cast<const float*>(b.y);
@@ -145,15 +168,15 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     const int rows = static_cast<int>(detail::row_tile_count(p.M, partials.row_tile, tile));
     __syncthreads();  // the previous tile's row values and sh1, sh2 are no longer read
     for (int i = t; i < rows; i += kColThreads * kRowLanes) {
-      float dot = 0.f, out_sum = 0.f;
+      double dot = 0.0, out_sum = 0.0;
       for (int s = 0; s < num_strips; ++s) {
         dot += row_parts[s * p.M + r0 + i];
         out_sum += row_parts[(num_strips + s) * p.M + r0 + i];
       }
-      const detail::RowNorm<float> row = detail::row_norm(dot, out_sum);
+      const detail::RowNorm<Acc> row = detail::row_norm(static_cast<Acc>(dot), static_cast<Acc>(out_sum));
       r_tile[i] = row.r;
       norm_tile[i] = row.normaliser;
-      lse2_tile[i] = lse2_of(lse[r0 + i]);
+      lse_tile[i] = lse[r0 + i];
       if (strip == 0) {  // for [B4]
         row_sums[r0 + i] = dot;
         row_sums[p.M + r0 + i] = out_sum;
@@ -161,43 +184,56 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     }
     __syncthreads();
 
-    float s1[8] = {}, s2[8] = {};
+    Acc s1[8] = {}, s2[8] = {};
     if (col < p.N) {
-      ColumnMaps maps;
+      ColumnMaps<Acc> maps;
       maps.load(shared_maps, threadIdx.x * 8);
-      for (int i0 = threadIdx.y; i0 < rows; i0 += kRowBatch * kRowLanes) {
-        float gv[kRowBatch][8], yv[kRowBatch][8];
+      for (int i0 = threadIdx.y; i0 < rows; i0 += kBatch * kRowLanes) {
+        float gv[kBatch][8], yv[kBatch][8];
 #pragma unroll
-        for (int u = 0; u < kRowBatch; ++u) {
+        for (int u = 0; u < kBatch; ++u) {
           const int64_t i = r0 + clamp_row(i0 + u * kRowLanes, rows);
           util::load8<kVec>(g + i * b.ldg, col, p.N, gv[u]);
           util::load8<kVec>(y + i * b.ldy, col, p.N, yv[u]);
         }
 #pragma unroll
-        for (int u = 0; u < kRowBatch; ++u) {
+        for (int u = 0; u < kBatch; ++u) {
           const int i = i0 + u * kRowLanes;
           if (i >= rows) continue;
-          const float ri = r_tile[i], li = lse2_tile[i], norm = norm_tile[i];
+          const Acc ri = r_tile[i], norm = norm_tile[i], li = lse2_of<Acc>(lse_tile[i]);
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            const float dz = detail::softmax_grad(maps.softmax(j, yv[u][j], li) * norm, gv[u][j], ri);
+            const Acc out = static_cast<Acc>(maps.softmax(j, yv[u][j], li)) * norm;
+            const Acc dz = detail::softmax_grad(out, static_cast<Acc>(gv[u][j]), ri);
             s1[j] += dz;
-            s2[j] = fmaf(dz, maps.xhat(j, yv[u][j]), s2[j]);
+            s2[j] = fma_acc(dz, static_cast<Acc>(maps.xhat(j, yv[u][j])), s2[j]);
           }
         }
       }
     }
+    // Lanes 4..7 hand their sums to lanes 0..3, which add them (l + (l + 4)); then one thread per
+    // column adds the four in lane order.
+    if (threadIdx.y >= kHalfLanes) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      sh1[threadIdx.y][threadIdx.x * 8 + j] = s1[j];
-      sh2[threadIdx.y][threadIdx.x * 8 + j] = s2[j];
+      for (int j = 0; j < 8; ++j) {
+        sh1[threadIdx.y - kHalfLanes][threadIdx.x * 8 + j] = s1[j];
+        sh2[threadIdx.y - kHalfLanes][threadIdx.x * 8 + j] = s2[j];
+      }
+    }
+    __syncthreads();
+    if (threadIdx.y < kHalfLanes) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        sh1[threadIdx.y][threadIdx.x * 8 + j] = s1[j] + sh1[threadIdx.y][threadIdx.x * 8 + j];
+        sh2[threadIdx.y][threadIdx.x * 8 + j] = s2[j] + sh2[threadIdx.y][threadIdx.x * 8 + j];
+      }
     }
     __syncthreads();
     const int64_t c = strip * kStrip + t;  // one column of the strip per thread
     if (c < p.N) {
-      float a = 0.f, bsum = 0.f;
+      Acc a = 0, bsum = 0;
 #pragma unroll
-      for (int l = 0; l < kRowLanes; ++l) {
+      for (int l = 0; l < kHalfLanes; ++l) {
         a += sh1[l][t];
         bsum += sh2[l][t];
       }
@@ -228,7 +264,7 @@ int64_t row_strip_width(int64_t N) {  // at least one strip's width: N = 0 has n
 
 int64_t row_strips(int64_t N) { return util::ceil_div(N, row_strip_width(N)); }
 
-Status row_sums(const BackwardProblem& p, const BackwardBuffers& b, float* row_parts, unsigned* counter,
+Status row_sums(const BackwardProblem& p, const BackwardBuffers& b, double* row_parts, unsigned* counter,
                 cudaStream_t stream) {
   const int64_t width = row_strip_width(p.N);
   const int64_t strips = row_strips(p.N);
@@ -246,7 +282,7 @@ Status row_sums(const BackwardProblem& p, const BackwardBuffers& b, float* row_p
   });
 }
 
-Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const float* row_parts, float* row_sums,
+Status grad_partials(const BackwardProblem& p, const BackwardBuffers& b, const double* row_parts, double* row_sums,
                      const GradPartials& partials, cudaStream_t stream) {
   if (partials.num_row_tiles != util::ceil_div(p.M, partials.row_tile) || partials.ld < p.N ||
       partials.row_tile > kMaxRowTile)
