@@ -1,17 +1,20 @@
-"""The CUDA backward's rounding at large logits, emulated in float32 on the CPU.
+"""The CUDA backward's rounding at large logits, emulated on the CPU.
 
-The backward recomputes each row's softmax from y and the fp32 row log-normaliser (out = exp(z - lse))
-and computes, in fp32, the row sums ([B1]), dz = out * (g - r) and its column sums S1 = sum_i dz,
-S2 = sum_i dz * xhat ([B2]); a scalar scale's gradient is sum_n (gamma S2 + beta S1). At logits of about
-100 (scale 10) that gradient is a small remainder of large terms, so the roundings show. This script
-follows the kernels' arithmetic (the column maps in log2 units, fmaf, exp2) with torch float32 tensors
-(their summation order is torch's, not the kernels': the figures move by about 2x between orders), and
+The backward recomputes each row's softmax from y and the row log-normaliser lse (out = exp(z - lse)),
+and computes the row sums ([B1]: sum g * out, sum out), dz = out / sum out * (g - r) with
+r = sum g * out / sum out, its column sums S1 = sum_i dz, S2 = sum_i dz * xhat ([B2]), and
+dy = a dz + b xhat + c ([B4]). A scalar scale's gradient is sum_n (gamma S2 + beta S1): at logits of
+about 100 (scale 10) a small remainder of large terms, so the roundings show; x's and W's come from dy.
+This script follows the kernels' arithmetic (the logit map in log2 units, fmaf, exp2) in torch on the
+CPU (its sums in torch's order, not the kernels': the figures move by about 2x between orders), and
 variants of it, against float64 on the same fp32 inputs, next to eager's fp32 backward:
 
-  before normalisation   r_i = sum g * out, out as recomputed (the kernels before git 51387c3)
-  kernels                out and r_i divided by the row's sum of out (the kernels now)
-  r in float64           as "kernels", the row sums, r_i and 1 / sum out in float64
-  dz and sums in float64 as that, and dz, xhat and the column sums in float64 too
+  before normalisation  all fp32, r = sum g * out, out as recomputed (the kernels before git 51387c3)
+  fp32                  all fp32, out and r divided by the row's sum of out (git 51387c3 to 116113c;
+                        the kernels for bf16 and fp16 gradients since)
+  row sums and dz in float64   as "fp32", and the row sums, dz and the column sums in float64 (not built)
+  wide                  as that, and the exponent's offset c2 - lse2 and its fma in float64: the kernels
+                        for fp32 gradients since git 84cddc0
 
     python bench/backward_precision.py [--shape 256x1000x64] [--scale 10] [--beta-std 0 10] [--seeds 0 1 2]
 """
@@ -20,7 +23,8 @@ import argparse
 import torch
 
 LOG2E = 1.4426950408889634
-VARIANTS = ("before normalisation", "kernels", "r in float64", "dz and sums in float64")
+VARIANTS = ("before normalisation", "fp32", "row sums and dz in float64", "wide")
+GRADS = ("x", "weight", "gamma", "beta", "scale")
 
 
 def rel(a, b):
@@ -42,12 +46,12 @@ def make_problem(m, n, k, scale, beta_std, seed=0):
 
 
 def eager_grads(p, grad_out, dtype):
-    """Gradients of gamma, beta and scale through the eager block (training-mode BatchNorm)."""
-    t = {k: v.to(dtype).requires_grad_(k in ("gamma", "beta", "scale")) for k, v in p.items()}
+    """Gradients through the eager block (training-mode BatchNorm), x's and W's included."""
+    t = {k: v.to(dtype).requires_grad_(k != "bias") for k, v in p.items()}
     y = torch.nn.functional.linear(t["x"], t["weight"], t["bias"])
     z = t["scale"] * torch.nn.functional.batch_norm(y, None, None, t["gamma"], t["beta"], True, 0.1, 1e-5)
     (torch.softmax(z, dim=1) * grad_out.to(dtype)).sum().backward()
-    return {k: t[k].grad for k in ("gamma", "beta", "scale")}
+    return {k: t[k].grad for k in GRADS}
 
 
 def fp32_inputs(p):
@@ -62,14 +66,20 @@ def fp32_inputs(p):
 
 
 def emulate(p, grad_out, variant):
-    """Gradients of gamma, beta and scale as the kernels compute them, in the given variant."""
+    """Every gradient as the kernels compute it, in the given variant (dx = dy W and dW = dy^T x exact,
+    so that they show dy's error alone)."""
     y, mean, invstd, a, c, lse = fp32_inputs(p)
     d = y - mean
-    a2, c2 = (a * LOG2E).float(), (c * LOG2E).float()
-    z2 = (a2.double() * d.double() + c2.double()).float()  # fmaf: one rounding
-    out = torch.exp2(z2 - (lse * torch.tensor(LOG2E, dtype=torch.float32))[:, None])
+    lse2 = lse * torch.tensor(LOG2E, dtype=torch.float32)
+    a2 = (a * LOG2E).float()
+    if variant == "wide":  # fma(a2, d, c2 - lse2) in double, c2 unrounded
+        z2 = (a2.double() * d.double() + ((c * LOG2E) - lse2.double()[:, None])).float()
+        out = torch.exp2(z2)
+    else:  # fmaf(a2, d, c2) rounded once, then - lse2
+        z2 = (a2.double() * d.double() + (c * LOG2E).float().double()).float()
+        out = torch.exp2(z2 - lse2[:, None])
     g = grad_out
-    wide = variant in ("r in float64", "dz and sums in float64")
+    wide = variant in ("row sums and dz in float64", "wide")
     acc = torch.float64 if wide else torch.float32
     dot, out_sum = (g.to(acc) * out.to(acc)).sum(1), out.to(acc).sum(1)
     if variant == "before normalisation":
@@ -77,18 +87,19 @@ def emulate(p, grad_out, variant):
     else:
         norm = 1 / out_sum
         r = dot * norm
-    if variant == "dz and sums in float64":
-        xhat = d.double() * invstd.double()
+    xhat = d * invstd
+    if wide:
         dz = out.double() * norm[:, None] * (g.double() - r[:, None])
-        s1, s2 = dz.sum(0), (dz * xhat).sum(0)
+        s1, s2 = dz.sum(0), (dz * xhat.double()).sum(0)
     else:
-        xhat = d * invstd
-        o = out.to(acc) * norm[:, None]
-        g_minus_r = (g.to(acc) - r[:, None]).float()  # rounded to fp32, as the kernels' g - r
-        dz = (o * g_minus_r.to(acc)).float()
+        dz = (out * norm[:, None]) * (g - r[:, None])
         s1, s2 = dz.sum(0).double(), (dz * xhat).sum(0).double()
-    s = p["scale"].double()
-    return {"gamma": s * s2, "beta": s * s1,
+    # [B4]: fp32 dz from r and the normaliser rounded to fp32, and the coefficients of [B3] rounded to fp32
+    s, m = p["scale"].double(), y.shape[0]
+    b, c_dy = -a * s2 / m, -a * s1 / m
+    dz4 = (out * norm.float()[:, None]) * (g - r.float()[:, None])
+    dy = (a.float() * dz4 + (b.float() * xhat + c_dy.float())).double()
+    return {"x": dy @ p["weight"].double(), "weight": dy.T @ p["x"].double(), "gamma": s * s2, "beta": s * s1,
             "scale": (p["gamma"].double() * s2 + p["beta"].double() * s1).sum().reshape(1)}
 
 
@@ -111,11 +122,18 @@ def main(argv=None):
                     help="problems to draw (0: the test's); the errors differ a lot from one to the next")
     args = ap.parse_args(argv)
     shape = tuple(int(v) for v in args.shape.split("x"))
+    worst = {}
     for beta_std, seed in [(b, s) for b in args.beta_std for s in args.seeds]:
         print(f"{args.shape}, scale {args.scale:g}, beta {'default' if not beta_std else f'~ N(0, {beta_std:g}^2)'}, "
               f"seed {seed}: relative error against float64")
-        for name, errs in run(shape, args.scale, beta_std, seed).items():
-            print(f"  {name:24s} " + "  ".join(f"{key} {err:.2e}" for key, err in errs.items()))
+        errs = run(shape, args.scale, beta_std, seed)
+        for name, e in errs.items():
+            print(f"  {name:28s} " + "  ".join(f"{key} {err:.2e}" for key, err in e.items()))
+            for key in GRADS:
+                worst[name, key] = max(worst.get((name, key), 0.0), e[key] / errs["eager fp32"][key])
+    print("largest ratio to eager fp32's error over these problems:")
+    for name in VARIANTS:
+        print(f"  {name:28s} " + "  ".join(f"{key} {worst[name, key]:.2f}" for key in GRADS))
 
 
 if __name__ == "__main__":
