@@ -22,28 +22,25 @@ struct RowSums {
   std::vector<double> dot, out_sum;
   explicit RowSums(int64_t M) : dot(static_cast<size_t>(M), 0.0), out_sum(static_cast<size_t>(M), 0.0) {}
 
-  void load(const double* given, int64_t M) {
+  // (2, M) as fused/backward.h lays them out, M being this object's
+  void load(const double* given) {
+    const size_t M = dot.size();
     dot.assign(given, given + M);
     out_sum.assign(given + M, given + 2 * M);
   }
-  void store(double* dst, int64_t M) const {
+  void store(double* dst) const {
     std::copy(dot.begin(), dot.end(), dst);
-    std::copy(out_sum.begin(), out_sum.end(), dst + M);
+    std::copy(out_sum.begin(), out_sum.end(), dst + dot.size());
   }
 };
 
-// Per row: the softmax backward's r_i = sum g * out / sum out, and what each recomputed out is
-// multiplied by (1 / sum out).
-struct RowNorms {
-  std::vector<double> r, normaliser;
-  explicit RowNorms(const RowSums& s) : r(s.dot.size()), normaliser(s.dot.size()) {
-    for (size_t i = 0; i < r.size(); ++i) {
-      const detail::RowNorm<double> row = detail::row_norm(s.dot[i], s.out_sum[i]);
-      normaliser[i] = row.normaliser;
-      r[i] = row.r;
-    }
-  }
-};
+// Per row: what each recomputed out is multiplied by and the softmax backward's r_i (detail::row_norm).
+using RowNorms = std::vector<detail::RowNorm<double>>;
+RowNorms row_norms(const RowSums& s) {
+  RowNorms norms(s.dot.size());
+  for (size_t i = 0; i < norms.size(); ++i) norms[i] = detail::row_norm(s.dot[i], s.out_sum[i]);
+  return norms;
+}
 
 // The steps' shared view of the problem: per-column constants and a row reader.
 class Rows {
@@ -94,8 +91,8 @@ class Rows {
     s2.assign(static_cast<size_t>(p_.N), 0.0);
     parallel_for(p_.N, 256, [&](int64_t n0, int64_t n1) {
       for (int64_t i = 0; i < p_.M; ++i) {
-        for_row_chunk(i, n0, n1, norms.normaliser[i], [&](int64_t n, double g, double out, double xhat) {
-          const double dz = out * (g - norms.r[i]);
+        for_row_chunk(i, n0, n1, norms[i].normaliser, [&](int64_t n, double g, double out, double xhat) {
+          const double dz = out * (g - norms[i].r);
           s1[n] += dz;
           s2[n] += dz * xhat;
         });
@@ -121,17 +118,17 @@ Status backward_column_sums(const BackwardProblem& p, const BackwardBuffers& b, 
   sums[0] = static_cast<double>(M);
   RowSums row(M);
   std::vector<double> s1(static_cast<size_t>(N), 0.0), s2(static_cast<size_t>(N), 0.0);
-  if (given) row.load(b.row_sums, M);
+  if (given) row.load(b.row_sums);
   if (N > 0) {
     const Rows rows(p, b);
     if (!given) row = rows.row_sums(parallel_for);
-    rows.column_sums(RowNorms(row), s1, s2, parallel_for);
+    rows.column_sums(row_norms(row), s1, s2, parallel_for);
   }
   for (int64_t n = 0; n < N; ++n) {
     sums[1 + n] = s1[n];
     sums[1 + N + n] = s2[n];
   }
-  if (row_sums != nullptr) row.store(row_sums, M);
+  if (row_sums != nullptr) row.store(row_sums);
   return Status::Ok();
 }
 
@@ -149,11 +146,11 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, const Parall
   std::vector<double> s1, s2;
   const bool data_parallel = b.rank_sums != nullptr;
   if (data_parallel) {
-    row.load(b.row_sums, M);
+    row.load(b.row_sums);
   } else {
     row = rows.row_sums(parallel_for);
   }
-  const RowNorms norms(row);
+  const RowNorms norms = row_norms(row);
   if (!data_parallel) rows.column_sums(norms, s1, s2, parallel_for);
 
   // [B3] the per-column finalize
@@ -177,8 +174,8 @@ Status backward(const BackwardProblem& p, const BackwardBuffers& b, const Parall
   if (b.dy == nullptr && b.dy_t == nullptr) return Status::Ok();
   parallel_for(M, std::max<int64_t>(1, 16384 / N), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      rows.for_row_chunk(i, 0, N, norms.normaliser[i], [&](int64_t n, double g, double out, double xhat) {
-        const double dy = coef[n].a * (out * (g - norms.r[i])) + coef[n].b * xhat + coef[n].c;
+      rows.for_row_chunk(i, 0, N, norms[i].normaliser, [&](int64_t n, double g, double out, double xhat) {
+        const double dy = coef[n].a * (out * (g - norms[i].r)) + coef[n].b * xhat + coef[n].c;
         if (b.dy != nullptr) half_bits::store_double(b.dy, b.dy_dtype, i * b.lddy + n, dy);
         if (b.dy_t != nullptr) half_bits::store_double(b.dy_t, b.dy_dtype, n * b.lddy_t + i, dy);
       });
