@@ -75,6 +75,10 @@ struct ColumnMaps {
     }
   }
   __device__ __forceinline__ float xhat(int j, float y) const { return detail::bn_xhat(y, shift[j], invstd[j]); }
+  // y - shift in Acc: xhat before its factor invstd. A column sum of dz * xhat is taken as invstd times
+  // the sum of dz * (y - shift): the wide map has already converted y - shift, and xhat's own rounding
+  // goes.
+  __device__ __forceinline__ Acc centered(int j, float y) const { return static_cast<Acc>(y - shift[j]); }
   // dy's `a` (the logit map's slope), undoing the log2(e) factor.
   __device__ __forceinline__ float slope(int j) const { return a2[j] * static_cast<float>(1.0 / kLog2e); }
 };

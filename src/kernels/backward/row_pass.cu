@@ -4,7 +4,8 @@
 //      its row over the strip with shuffles.
 // [B2] column partials: the row sums (the strip sums added in strip order), the row's normaliser
 //      1 / sum out and r_i = sum g * out / sum out; then per row tile S1 = sum dz and S2 = sum dz * xhat
-//      of every column, dz = out * (g - r_i) with out divided by its row's sum. Block (32 x 8) covers
+//      of every column (as invstd * sum dz * (y - shift)), dz = out * (g - r_i) with out divided by its
+//      row's sum. Block (32 x 8) covers
 //      256 columns for row tiles; the 8 row lanes are merged in a fixed order. Deterministic, no atomics.
 // For fp32 gradients both passes sum in double (BackwardAcc), and [B2] computes dz in double: a scalar
 // scale's gradient, sum_n (gamma S2 + beta S1), is a small remainder of terms about |z| times larger,
@@ -43,14 +44,6 @@ constexpr int kRowBatch = 2;
 // bytes spill even so); [B2]'s element-wise loads take 1 there (and spill 60 bytes).
 constexpr int kRowDotBatchWide = 2;
 
-template <class Acc>
-__device__ __forceinline__ Acc fma_acc(Acc a, Acc b, Acc c) {
-  if constexpr (std::is_same_v<Acc, double>) {
-    return fma(a, b, c);
-  } else {
-    return fmaf(a, b, c);
-  }
-}
 // Bit 0: [B1] launches one wave of blocks, bit 1: [B2] does; a clear bit gives that kernel one block
 // per row block (tile) again, the grid before the wave, for A/B runs.
 #ifndef FUSED_BWD_ROW_WAVE
@@ -118,7 +111,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             const float out = maps.softmax(j, yv[u][j], lse2[u]);
-            acc[k0 + u] = fma_acc(static_cast<Acc>(gv[u][j]), static_cast<Acc>(out), acc[k0 + u]);
+            acc[k0 + u] = fma(static_cast<Acc>(gv[u][j]), static_cast<Acc>(out), acc[k0 + u]);
             out_sum[k0 + u] += static_cast<Acc>(out);
           }
         }
@@ -149,8 +142,8 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
                          double* __restrict__ row_sums, GradPartials partials) {
   using Acc = BackwardAcc<T>;
   constexpr int kHalfLanes = kRowLanes / 2;  // the row lanes' sums are merged in two steps (static smem < 48 KiB)
-  __shared__ Acc r_tile[kMaxRowTile], norm_tile[kMaxRowTile];
-  __shared__ float lse_tile[kMaxRowTile];
+  __shared__ detail::RowNorm<Acc> norm_tile[kMaxRowTile];
+  __shared__ Acc lse2_tile[kMaxRowTile];
   __shared__ SharedColumnMaps shared_maps;
   __shared__ Acc sh1[kHalfLanes][kStrip], sh2[kHalfLanes][kStrip];
   constexpr int kBatch = kVec || !std::is_same_v<Acc, double> ? kRowBatch : 1;
@@ -173,10 +166,8 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         dot += row_parts[s * p.M + r0 + i];
         out_sum += row_parts[(num_strips + s) * p.M + r0 + i];
       }
-      const detail::RowNorm<Acc> row = detail::row_norm(static_cast<Acc>(dot), static_cast<Acc>(out_sum));
-      r_tile[i] = row.r;
-      norm_tile[i] = row.normaliser;
-      lse_tile[i] = lse[r0 + i];
+      norm_tile[i] = detail::row_norm(static_cast<Acc>(dot), static_cast<Acc>(out_sum));
+      lse2_tile[i] = lse2_of<Acc>(lse[r0 + i]);
       if (strip == 0) {  // for [B4]
         row_sums[r0 + i] = dot;
         row_sums[p.M + r0 + i] = out_sum;
@@ -200,13 +191,14 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         for (int u = 0; u < kBatch; ++u) {
           const int i = i0 + u * kRowLanes;
           if (i >= rows) continue;
-          const Acc ri = r_tile[i], norm = norm_tile[i], li = lse2_of<Acc>(lse_tile[i]);
+          const detail::RowNorm<Acc> row = norm_tile[i];
+          const Acc lse2 = lse2_tile[i];
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            const Acc out = static_cast<Acc>(maps.softmax(j, yv[u][j], li)) * norm;
-            const Acc dz = detail::softmax_grad(out, static_cast<Acc>(gv[u][j]), ri);
+            const Acc out = static_cast<Acc>(maps.softmax(j, yv[u][j], lse2)) * row.normaliser;
+            const Acc dz = detail::softmax_grad(out, static_cast<Acc>(gv[u][j]), row.r);
             s1[j] += dz;
-            s2[j] = fma_acc(dz, static_cast<Acc>(maps.xhat(j, yv[u][j])), s2[j]);
+            s2[j] = fma(dz, maps.centered(j, yv[u][j]), s2[j]);  // times invstd at the merge
           }
         }
       }
@@ -238,7 +230,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         bsum += sh2[l][t];
       }
       partials.s1[tile * partials.ld + c] = a;
-      partials.s2[tile * partials.ld + c] = bsum;
+      partials.s2[tile * partials.ld + c] = bsum * static_cast<Acc>(shared_maps.invstd[t]);
     }
   }
 }
