@@ -5,8 +5,8 @@
 // [B2] column partials: the row sums (the strip sums added in strip order), the row's normaliser
 //      1 / sum out and r_i = sum g * out / sum out; then per row tile S1 = sum dz and S2 = sum dz * xhat
 //      of every column (as invstd * sum dz * (y - shift)), dz = out * (g - r_i) with out divided by its
-//      row's sum. Block (32 x 8) covers
-//      256 columns for row tiles; the 8 row lanes are merged in a fixed order. Deterministic, no atomics.
+//      row's sum. Block (32 x 8) covers 256 columns for row tiles; the 8 row lanes are merged in a fixed
+//      order. Deterministic, no atomics.
 // For fp32 gradients both passes sum in double (BackwardAcc), and [B2] computes dz in double: a scalar
 // scale's gradient, sum_n (gamma S2 + beta S1), is a small remainder of terms about |z| times larger,
 // and it needs sum_n dz = 0 per row to better than fp32's rounding. That holds only where [B1]'s sums
@@ -40,8 +40,8 @@ constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
 #endif
 constexpr int kRowDotBatch = FUSED_BWD_ROW_DOT_BATCH;
 constexpr int kRowBatch = 2;
-// fp32 gradients' [B1] holds its sums in double: 2 rows in flight, as 4 would spill (before sm_90, 60
-// bytes spill even so); [B2]'s element-wise loads take 1 there (and spill 60 bytes).
+// fp32 gradients' [B1] holds its sums in double: 2 rows in flight, as 4 would spill (before sm_90, 32-40
+// bytes spill even so); [B2]'s element-wise loads take 1 there (and spill 32-40 bytes).
 constexpr int kRowDotBatchWide = 2;
 
 // Bit 0: [B1] launches one wave of blocks, bit 1: [B2] does; a clear bit gives that kernel one block
