@@ -83,4 +83,9 @@ struct ColumnMaps {
   __device__ __forceinline__ float slope(int j) const { return a2[j] * static_cast<float>(1.0 / kLog2e); }
 };
 
+// Rows whose loads are in flight together, per thread, in [B2] and [B4]: 2, but 1 where the wide map
+// meets the element-wise loads (kVec false: N % 8 != 0 or unaligned rows), where 2 would spill.
+template <bool kVec, class Acc>
+constexpr int kRowsInFlight = kVec || !ColumnMaps<Acc>::kWide ? 2 : 1;
+
 }  // namespace fused::cuda::backward_steps

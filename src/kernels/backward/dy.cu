@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTileRows;
     constexpr int kRows = kTileRows / kRowLanes;  // rows per thread
-    // rows whose loads are in flight together (1 for the wide map's element-wise loads: 2 would spill)
-    constexpr int kBatch = kVec || !std::is_same_v<Acc, double> ? 2 : 1;
+    constexpr int kBatch = kRowsInFlight<kVec, Acc>;
 #pragma unroll
     for (int k0 = 0; k0 < kRows; k0 += kBatch) {
       float gv[kBatch][8] = {}, yv[kBatch][8] = {};

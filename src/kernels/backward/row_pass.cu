@@ -34,14 +34,14 @@ constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
 // Rows whose loads are in flight together, per thread. The kernels are bound by load latency (two
 // blocks of 256 threads per SM, held there by their registers: a third spills). [B1] with 16-byte
 // loads takes 4 (its 128 registers still suffice): 3-6 % faster on the H200 at M = 256..4096; [B2]
-// stays at 2, where 4 was 6 % slower at M = 256.
+// stays at 2 (kRowsInFlight), where 4 was 6 % slower at M = 256.
 #ifndef FUSED_BWD_ROW_DOT_BATCH
 #define FUSED_BWD_ROW_DOT_BATCH 4
 #endif
 constexpr int kRowDotBatch = FUSED_BWD_ROW_DOT_BATCH;
 constexpr int kRowBatch = 2;
 // fp32 gradients' [B1] holds its sums in double: 2 rows in flight, as 4 would spill (before sm_90, 32-40
-// bytes spill even so); [B2]'s element-wise loads take 1 there (and spill 32-40 bytes).
+// bytes spill even so); [B2]'s element-wise loads take 1 there (and spill 32-40 bytes all the same).
 constexpr int kRowDotBatchWide = 2;
 
 // Bit 0: [B1] launches one wave of blocks, bit 1: [B2] does; a clear bit gives that kernel one block
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
   __shared__ Acc lse2_tile[kMaxRowTile];
   __shared__ SharedColumnMaps shared_maps;
   __shared__ Acc sh1[kHalfLanes][kStrip], sh2[kHalfLanes][kStrip];
-  constexpr int kBatch = kVec || !std::is_same_v<Acc, double> ? kRowBatch : 1;
+  constexpr int kBatch = kRowsInFlight<kVec, Acc>;
   begin_step();
   const auto* g = static_cast<const T*>(b.grad_out);
   const auto* y = static_cast<const float*>(b.y);
