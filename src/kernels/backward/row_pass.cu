@@ -40,8 +40,8 @@ constexpr int64_t kMaxRowTile = 1024;  // grad_partials_row_tile()'s largest
 #endif
 constexpr int kRowDotBatch = FUSED_BWD_ROW_DOT_BATCH;
 constexpr int kRowBatch = 2;
-// fp32 gradients' [B1] holds its sums in double: 2 rows in flight, as 4 would spill (before sm_90, 32-40
-// bytes spill even so); [B2]'s element-wise loads take 1 there (and spill 32-40 bytes all the same).
+// fp32 gradients' [B1] holds its sums in double: 2 rows in flight, as 4 would spill; [B2]'s element-wise
+// loads take 1 there (kRowsInFlight) and spill 32-40 bytes all the same (ptxas, sm_75..sm_90).
 constexpr int kRowDotBatchWide = 2;
 
 // Bit 0: [B1] launches one wave of blocks, bit 1: [B2] does; a clear bit gives that kernel one block
