@@ -2,7 +2,8 @@
 
 The backward recomputes each row's softmax from y and the row log-normaliser lse (out = exp(z - lse)),
 and computes the row sums ([B1]: sum g * out, sum out), dz = out / sum out * (g - r) with
-r = sum g * out / sum out, its column sums S1 = sum_i dz, S2 = sum_i dz * xhat ([B2]), and
+r = sum g * out / sum out, its column sums S1 = sum_i dz, S2 = sum_i dz * xhat ([B2]; taken as
+invstd * sum_i dz * (y - mean) since git d45ad84, as "before normalisation" does not), and
 dy = a dz + b xhat + c ([B4]). A scalar scale's gradient is sum_n (gamma S2 + beta S1): at logits of
 about 100 (scale 10) a small remainder of large terms, so the roundings show; x's and W's come from dy.
 This script follows the kernels' arithmetic (the logit map in log2 units, fmaf, exp2) in torch on the
@@ -88,12 +89,14 @@ def emulate(p, grad_out, variant):
         norm = 1 / out_sum
         r = dot * norm
     xhat = d * invstd
+    # S2 as the kernels take it since git d45ad84: invstd * sum dz * (y - mean), not sum dz * xhat
     if wide:
         dz = out.double() * norm[:, None] * (g.double() - r[:, None])
-        s1, s2 = dz.sum(0), (dz * xhat.double()).sum(0)
+        s1, s2 = dz.sum(0), (dz * d.double()).sum(0) * invstd.double()
     else:
         dz = (out * norm[:, None]) * (g - r[:, None])
-        s1, s2 = dz.sum(0).double(), (dz * xhat).sum(0).double()
+        s1 = dz.sum(0).double()
+        s2 = (dz * xhat).sum(0).double() if variant == "before normalisation" else ((dz * d).sum(0) * invstd).double()
     # [B4]: fp32 dz from r and the normaliser rounded to fp32, and the coefficients of [B3] rounded to fp32
     s, m = p["scale"].double(), y.shape[0]
     b, c_dy = -a * s2 / m, -a * s1 / m
