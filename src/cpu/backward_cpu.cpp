@@ -22,7 +22,7 @@ struct RowSums {
   std::vector<double> dot, out_sum;
   explicit RowSums(int64_t M) : dot(static_cast<size_t>(M), 0.0), out_sum(static_cast<size_t>(M), 0.0) {}
 
-  // (2, M) as fused/backward.h lays them out, M being this object's
+  // (2, M) as fused/backward.h lays them out, M being this object's size
   void load(const double* given) {
     const size_t M = dot.size();
     dot.assign(given, given + M);
