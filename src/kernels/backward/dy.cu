@@ -71,9 +71,10 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
           util::load8<kVec>(y + iv * ldy, col, N, yv[u]);
         }
       }
-      // The batch's rows' constants, behind its loads: lane l computes those of the batch's row l % kBatch
-      // and the lanes share them by shuffles, so row_norm's double division runs once per row and warp
-      // rather than in every thread. Rows past M keep the defaults (nothing is stored for them).
+      // The batch's rows' constants, behind its loads, for its kBatch rows at once: lane l computes those of
+      // the batch's row l % kBatch and the lanes share them by shuffles. A warp's rows are warp-uniform, so
+      // computing them row by row ran row_norm's double division kBatch times per batch; now once.
+      // Rows past M keep the defaults (nothing is stored for them).
       float row_normaliser = 1.f, row_r = 0.f;
       Acc row_lse2 = 0;
       if (FUSED_BWD_DY_ROW_SHUFFLE) {
