@@ -75,9 +75,10 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
       // the batch's row l % kBatch and the lanes share them by shuffles. A warp's rows are warp-uniform, so
       // computing them row by row ran row_norm's double division kBatch times per batch; now once.
       // Rows past M keep the defaults (nothing is stored for them).
+      constexpr bool kShareRowConstants = kBatch > 1 && FUSED_BWD_DY_ROW_SHUFFLE;  // one row: nothing to share
       float row_normaliser = 1.f, row_r = 0.f;
       Acc row_lse2 = 0;
-      if (FUSED_BWD_DY_ROW_SHUFFLE) {
+      if constexpr (kShareRowConstants) {
         const int64_t i = r0 + threadIdx.y + (k0 + threadIdx.x % kBatch) * kRowLanes;
         if (i < M) {
           const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
@@ -93,13 +94,13 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
         // every lane shuffles, before the lanes past N or rows past M leave
         float norm = 1.f, ri = 0.f;
         Acc li = 0;
-        if (FUSED_BWD_DY_ROW_SHUFFLE) {
+        if constexpr (kShareRowConstants) {
           norm = __shfl_sync(0xffffffffu, row_normaliser, u);
           ri = __shfl_sync(0xffffffffu, row_r, u);
           li = __shfl_sync(0xffffffffu, row_lse2, u);
         }
         if (i >= M || col >= N) continue;
-        if (!FUSED_BWD_DY_ROW_SHUFFLE) {
+        if constexpr (!kShareRowConstants) {
           const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
           norm = static_cast<float>(row.normaliser);
           ri = static_cast<float>(row.r);
