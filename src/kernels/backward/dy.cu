@@ -20,6 +20,9 @@ static_assert(kStrip == kBlockColumns, "one shared column map per block");
 constexpr int kTileRows = 32;            // rows per block tile
 constexpr int kPitch = kStrip + 4;       // shared tile row pitch: 16-byte rows, 4-way conflicts at most
 constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
+#ifndef FUSED_BWD_DY_ROW_SHUFFLE
+#define FUSED_BWD_DY_ROW_SHUFFLE 1  // 0: every thread computes its rows' constants (before), for A/B runs
+#endif
 #ifndef FUSED_BWD_DY_WAVE
 #define FUSED_BWD_DY_WAVE 1  // 0: one block per row tile (the grid before the wave), for A/B runs
 #endif
@@ -68,14 +71,41 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
           util::load8<kVec>(y + iv * ldy, col, N, yv[u]);
         }
       }
+      // The batch's rows' constants, behind its loads, for its kBatch rows at once: lane l computes those of
+      // the batch's row l % kBatch and the lanes share them by shuffles. A warp's rows are warp-uniform, so
+      // computing them row by row ran row_norm's double division kBatch times per batch; now once.
+      // Rows past M keep the defaults (nothing is stored for them).
+      constexpr bool kShareRowConstants = kBatch > 1 && FUSED_BWD_DY_ROW_SHUFFLE;  // one row: nothing to share
+      float row_normaliser = 1.f, row_r = 0.f;
+      Acc row_lse2 = 0;
+      if constexpr (kShareRowConstants) {
+        const int64_t i = r0 + threadIdx.y + (k0 + threadIdx.x % kBatch) * kRowLanes;
+        if (i < M) {
+          const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
+          row_normaliser = static_cast<float>(row.normaliser);
+          row_r = static_cast<float>(row.r);
+          row_lse2 = lse2_of<Acc>(lse[i]);
+        }
+      }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int local = threadIdx.y + (k0 + u) * kRowLanes;
         const int64_t i = r0 + local;
+        // every lane shuffles, before the lanes past N or rows past M leave
+        float norm = 1.f, ri = 0.f;
+        Acc li = 0;
+        if constexpr (kShareRowConstants) {
+          norm = __shfl_sync(0xffffffffu, row_normaliser, u);
+          ri = __shfl_sync(0xffffffffu, row_r, u);
+          li = __shfl_sync(0xffffffffu, row_lse2, u);
+        }
         if (i >= M || col >= N) continue;
-        const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
-        const float norm = static_cast<float>(row.normaliser), ri = static_cast<float>(row.r);
-        const Acc li = lse2_of<Acc>(lse[i]);
+        if constexpr (!kShareRowConstants) {
+          const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
+          norm = static_cast<float>(row.normaliser);
+          ri = static_cast<float>(row.r);
+          li = lse2_of<Acc>(lse[i]);
+        }
         float d[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
