@@ -16,6 +16,8 @@ namespace {
 constexpr int kColThreads = 32;
 constexpr int kRowLanes = 8;
 constexpr int kStrip = kColThreads * 8;  // columns per block
+// A warp is one row lane (threadIdx.y): its rows are warp-uniform, which the row constants' shuffles rely on.
+static_assert(kColThreads == 32, "one warp per row lane");
 static_assert(kStrip == kBlockColumns, "one shared column map per block");
 constexpr int kTileRows = 32;            // rows per block tile
 constexpr int kPitch = kStrip + 4;       // shared tile row pitch: 16-byte rows, 4-way conflicts at most
