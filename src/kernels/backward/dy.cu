@@ -29,6 +29,17 @@ constexpr size_t kTransposeSmem = sizeof(float) * kTileRows * kPitch;
 #define FUSED_BWD_DY_WAVE 1  // 0: one block per row tile (the grid before the wave), for A/B runs
 #endif
 
+// What dy needs of row i: the softmax's normaliser and r from the row's sums (in double), and the row's
+// log-normaliser in base 2.
+template <class Acc>
+__device__ __forceinline__ void row_constants(const double* row_sums, const float* lse, int64_t M, int64_t i,
+                                              float& normaliser, float& r, Acc& lse2) {
+  const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
+  normaliser = static_cast<float>(row.normaliser);
+  r = static_cast<float>(row.r);
+  lse2 = lse2_of<Acc>(lse[i]);
+}
+
 template <bool kVec, class T, class TDy>
 __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
     dy_kernel(BackwardProblem p, BackwardBuffers bufs, const double* __restrict__ row_sums, DyCoefficients coef) {
@@ -82,12 +93,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
       Acc row_lse2 = 0;
       if constexpr (kShareRowConstants) {
         const int64_t i = r0 + threadIdx.y + (k0 + threadIdx.x % kBatch) * kRowLanes;
-        if (i < M) {
-          const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
-          row_normaliser = static_cast<float>(row.normaliser);
-          row_r = static_cast<float>(row.r);
-          row_lse2 = lse2_of<Acc>(lse[i]);
-        }
+        if (i < M) row_constants(row_sums, lse, M, i, row_normaliser, row_r, row_lse2);
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
@@ -102,12 +108,7 @@ __global__ void __launch_bounds__(kColThreads* kRowLanes, kBlocksPerSm)
           li = __shfl_sync(0xffffffffu, row_lse2, u);
         }
         if (i >= M || col >= N) continue;
-        if constexpr (!kShareRowConstants) {
-          const detail::RowNorm<double> row = detail::row_norm(row_sums[i], row_sums[M + i]);
-          norm = static_cast<float>(row.normaliser);
-          ri = static_cast<float>(row.r);
-          li = lse2_of<Acc>(lse[i]);
-        }
+        if constexpr (!kShareRowConstants) row_constants(row_sums, lse, M, i, norm, ri, li);
         float d[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
