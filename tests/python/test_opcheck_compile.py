@@ -1,4 +1,7 @@
 """torch.library.opcheck (schema, fake/Meta kernel, mutation annotations) and torch.compile."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -90,3 +93,25 @@ def test_compile_fullgraph_training_step_with_backward(device):
             assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-5), name
     assert torch.allclose(fused.bn.running_var, ref.bn.running_var, rtol=1e-6, atol=1e-7)
     assert fused.bn.num_batches_tracked.item() == ref.bn.num_batches_tracked.item() == 1
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_signature(op_name):
+    """The README's "`torch.ops.fused.<op_name>(args) -> (returns)`": argument and return names, in order."""
+    text = README.read_text(encoding="utf-8")
+    found = re.search(r"`torch\.ops\.fused\." + op_name + r"\(([^`]*?)\)\s*->\s*\(([^`]*?)\)`", text, re.S)
+    assert found, f"README states no signature for torch.ops.fused.{op_name}"
+    def names(text):
+        return [part.split("=")[0].strip().rstrip("!") for part in text.split(",")]
+    return names(found.group(1)), names(found.group(2))
+
+
+@pytest.mark.parametrize("op_name", ["gemm_bn_softmax", "gemm_bn_softmax_backward"])
+def test_readme_states_the_registered_schema(op_name):
+    """The API section's signatures are the registered ones: every argument, in order, and the outputs."""
+    schema = getattr(torch.ops.fused, op_name).default._schema
+    arguments, returns = _readme_signature(op_name)
+    assert arguments == [a.name for a in schema.arguments]
+    assert returns == [r.name for r in schema.returns]
