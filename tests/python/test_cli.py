@@ -61,3 +61,4 @@ def test_tiny_cpu_run(capsys):
     out = capsys.readouterr().out
     assert "M=8 N=16 K=16" in out
     assert "fused" in out and "eager" in out and "speedup vs eager" in out
+    assert "note: the CPU path is for correctness" in out  # says why a CPU run is slower than eager
