@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import ROOT
 BENCH = os.path.join(ROOT, "bench")
 
 import ab_rounds  # noqa: E402

@@ -1,11 +1,11 @@
 """torch.library.opcheck (schema, fake/Meta kernel, mutation annotations) and torch.compile."""
+import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import DEVICES, IS_HOPPER
+from conftest import DEVICES, IS_HOPPER, ROOT
 from helpers import assert_cancelled_bias_grad, make_models, op_args, rel_err
 
 import gemm_bn_softmax as gbs
@@ -95,16 +95,17 @@ def test_compile_fullgraph_training_step_with_backward(device):
     assert fused.bn.num_batches_tracked.item() == ref.bn.num_batches_tracked.item() == 1
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = os.path.join(ROOT, "README.md")
 
 
 def _readme_signature(op_name):
     """The README's "`torch.ops.fused.<op_name>(args) -> (returns)`": argument and return names, in order."""
-    text = README.read_text(encoding="utf-8")
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
     found = re.search(r"`torch\.ops\.fused\." + op_name + r"\(([^`]*?)\)\s*->\s*\(([^`]*?)\)`", text, re.S)
     assert found, f"README states no signature for torch.ops.fused.{op_name}"
-    def names(text):
-        return [part.split("=")[0].strip().rstrip("!") for part in text.split(",")]
+    def names(listed):
+        return [part.split("=")[0].strip().rstrip("!") for part in listed.split(",")]
     return names(found.group(1)), names(found.group(2))
 
 
