@@ -107,8 +107,9 @@ void check_bn_args(const OpArgs& a) {
                             (a.scale.dim() == 2 && a.scale.sym_size(0) == 1 && a.scale.sym_size(1) == a.sym_N());
   TORCH_CHECK(scalar_scale || column_scale, "scale must be a scalar, shape [1], or per column: shape [", a.sym_N(),
               "] or [1, ", a.sym_N(), "]; got ", a.scale.sym_sizes());
-  TORCH_CHECK(std::isfinite(a.eps) && a.eps >= 0.0, "eps must be finite and non-negative, got ", a.eps);
-  TORCH_CHECK(!batch_norm_eps_zero_refused(a.eps, a.uses_batch_stats()), FUSED_EPS_ZERO_MESSAGE);
+  // Bad eps values are ValueErrors, as F.batch_norm raises them.
+  TORCH_CHECK_VALUE(std::isfinite(a.eps) && a.eps >= 0.0, "eps must be finite and non-negative, got ", a.eps);
+  TORCH_CHECK_VALUE(!batch_norm_eps_zero_refused(a.eps, a.uses_batch_stats()), FUSED_EPS_ZERO_MESSAGE);
   if (a.momentum.has_value()) {
     TORCH_CHECK(*a.momentum >= 0.0 && *a.momentum <= 1.0, "momentum must be in [0, 1] or None, got ", *a.momentum);
   } else {

@@ -106,12 +106,39 @@ def test_successful_forward_counts_the_batch(device):
     assert torch.allclose(a["running_mean"].double(), y.mean(0), rtol=1e-5, atol=1e-6)
 
 
+# The refusals F.batch_norm raises as ValueError (code that catches it must catch the op's too).
+BATCH_NORM_VALUE_ERRORS = [c for c in CASES if c[0] in ("batch 1", "eps negative", "eps 0 training")]
+
+
 @pytest.mark.parametrize("device", DEVICES + ["meta"])
-def test_batch_one_is_value_error_like_pytorch(device):
+@pytest.mark.parametrize("name,mutate,message", BATCH_NORM_VALUE_ERRORS, ids=[c[0] for c in BATCH_NORM_VALUE_ERRORS])
+def test_batch_norm_refusals_are_value_errors_like_pytorch(device, name, mutate, message):
     a = _args(device)
-    a["x"] = a["x"][:1]
-    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+    mutate(a)
+    y = a["x"] @ a["weight"].t() + a["bias"]
+    try:  # eager on the same arguments: a ValueError, or (an older torch) no refusal at all
+        torch.nn.functional.batch_norm(y, a["running_mean"].clone(), a["running_var"].clone(), a["bn_weight"],
+                                       a["bn_bias"], a["training"], a["momentum"], a["eps"])
+    except ValueError:
+        pass
+    with pytest.raises(ValueError, match=_pattern(message)):
         _call(a)
+
+
+def test_module_refuses_eps_zero_as_eager_does():
+    """What a user's training loop sees: the same exception type from the fused module as from the block."""
+    from gemm_bn_softmax.reference import ReferenceModel
+
+    ref = ReferenceModel(5, 4, bn_eps=0.0)
+    fused = gbs.FusedGemmBNSoftmax(5, 4, bn_eps=0.0)
+    fused.load_state_dict(ref.state_dict())
+    x = torch.randn(8, 5)
+    with pytest.raises(ValueError, match="eps must be positive during training"):
+        fused(x)
+    try:
+        ref(x)
+    except ValueError:
+        pass  # torch 2.14 refuses too; older versions ran it
 
 
 def test_batch_one_in_training_raises_under_torch_compile():
