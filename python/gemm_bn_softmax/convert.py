@@ -14,9 +14,12 @@ from __future__ import annotations
 import inspect
 import linecache
 import logging
+import operator
 import types
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import reduce
 from itertools import count
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -392,13 +395,17 @@ class _BlockFinder:
         return " -> ".join(parts)
 
 
-def _rewrite(graph: torch.fx.Graph, m: _Match, precision: Optional[str]) -> None:
-    """Replaces the block's nodes by one ``_fused_block`` call that reads the same modules."""
+def _rewrite(graph: torch.fx.Graph, m: _Match, precision: Optional[str], fused_calls: Dict[Node, Node]) -> None:
+    """Replaces the block's nodes by one ``_fused_block`` call that reads the same modules.
+    ``fused_calls`` maps each replaced softmax to its call: a block stacked on another reads the call
+    (the matches were found before any rewrite, so its input may be the erased softmax)."""
     old_attributes = [] if m.mul is None else [a for a in m.mul.all_input_nodes if a.op == "get_attr"]
     with graph.inserting_before(m.softmax):
         scale = graph.get_attr(m.scale) if isinstance(m.scale, str) else m.scale
         fused = graph.call_function(_fused_block, (
-            m.x, graph.get_attr(m.linear.target), graph.get_attr(m.bn.target), scale, m.scale_first, m.dim, precision))
+            fused_calls.get(m.x, m.x), graph.get_attr(m.linear.target), graph.get_attr(m.bn.target), scale,
+            m.scale_first, m.dim, precision))
+    fused_calls[m.softmax] = fused
     m.softmax.replace_all_uses_with(fused)
     for node in (m.softmax, m.mul, m.bn, m.linear):
         if node is not None:
@@ -416,6 +423,15 @@ def _may_hold_block(module: nn.Module) -> bool:
         return False
     kinds = [m for m in module.modules() if m is not module]
     return any(isinstance(m, nn.Linear) for m in kinds) and any(isinstance(m, _BatchNorm) for m in kinds)
+
+
+def _split(blocks: List[Block], counts: Counter) -> Tuple[List[Block], List[Block]]:
+    """(the blocks that counts holds, as many times as it holds them; the others), each in order."""
+    left, held, others = Counter(counts), [], []
+    for b in blocks:
+        (held if left[b] > 0 else others).append(b)
+        left[b] -= 1
+    return held, others
 
 
 def _convert_module(module: nn.Module, prefix: str, precision: Optional[str], report: ConversionReport) -> None:
@@ -441,19 +457,21 @@ def _convert_module(module: nn.Module, prefix: str, precision: Optional[str], re
         results = [finder.match(bn) for bn in finder.candidates()]
         matches = [r for r in results if isinstance(r, _Match)]
         found[mode] = ([Block(prefix, finder.chain(m)) for m in matches], [r for r in results if isinstance(r, Block)])
+        fused_calls: Dict[Node, Node] = {}
         for m in matches:
-            _rewrite(graph, m, precision)
+            _rewrite(graph, m, precision, fused_calls)
         if matches:
             graph.lint()
             functions[mode] = _compile(graph, label)
 
     for i, entries in enumerate((report.replaced, report.skipped)):
         per_mode = {mode: blocks[i] for mode, blocks in found.items()}
-        in_every_mode = set.intersection(*map(set, per_mode.values()))
-        entries.extend(b for b in next(iter(per_mode.values())) if b in in_every_mode)
+        # Counted, not as sets: one block may run twice in a forward (the same modules, the same chain).
+        in_every_mode = reduce(operator.and_, map(Counter, per_mode.values()))
+        entries.extend(_split(next(iter(per_mode.values())), in_every_mode)[0])
         for mode, blocks in per_mode.items():  # the forward branches on self.training
             where = "in training mode" if mode else "in eval mode"
-            entries.extend(Block(b.module, f"{b.chain} ({where})", b.reason) for b in blocks if b not in in_every_mode)
+            entries.extend(Block(b.module, f"{b.chain} ({where})", b.reason) for b in _split(blocks, in_every_mode)[1])
 
     if functions:
         for mode in set(traces) - set(functions):  # a mode without a block runs its trace as it was
@@ -491,10 +509,12 @@ def convert(model: nn.Module, precision: Optional[str] = None) -> nn.Module:
 
     What a trace fixes: Python control flow in a converted forward, and Python numbers it reads
     (``self.temperature = 2.0``), are resolved at conversion (a branch on ``self.training`` is kept:
-    the forward is traced in both modes); tensors made from constants in forward are refused; a
-    call that passes a forward's optional arguments runs the original forward. Convert again
-    after changing such settings; converting twice is harmless. Hooks added to the block's
-    modules after conversion do not run on the fused path.
+    the forward is traced in both modes), as are the block's softmax module and its dim (unlike the
+    Linear, BatchNorm1d and scale, read at every call); tensors made from constants in forward are
+    refused; a call that passes a forward's optional arguments runs the original forward. Convert
+    again after changing such settings or replacing a submodule; converting twice is harmless.
+    Hooks added to the block's modules after conversion, and global module hooks
+    (``register_module_forward_hook``), do not run on the fused path.
     ``torch.save(model)`` (pickling the whole model) stores it unconverted; convert after loading.
 
     Returns ``model``, with the report (``ConversionReport``: ``replaced`` and ``skipped`` blocks,

@@ -345,8 +345,46 @@ def test_nested_blocks_and_scale_module():
     assert report.replaced[1].chain == "Linear 3.0 -> BatchNorm1d 3.1 -> * 3.2.scale -> Softmax 3.3 (dim=1)"
 
 
+def test_stacked_blocks_in_one_forward():
+    """One block's softmax feeds the next block's Linear (the second match's input is a node the first
+    rewrite replaces)."""
+    model = randomize(nn.Sequential(nn.Linear(K, 16), nn.BatchNorm1d(16), nn.Softmax(1),
+                                    nn.Linear(16, N), nn.BatchNorm1d(N), nn.Softmax(1)))
+    report = check_converted(model, rand(16, K), expect_replaced=2)
+    assert [b.chain for b in report.replaced] == ["Linear 0 -> BatchNorm1d 1 -> Softmax 2 (dim=1)",
+                                                 "Linear 3 -> BatchNorm1d 4 -> Softmax 5 (dim=1)"]
+
+
 def test_forward_branching_on_training_keeps_both_branches():
     check_converted(randomize(TrainingBranch(K, N)), rand(16, K))
+
+
+class SecondCallInTraining(nn.Module):
+    """The same block called once in eval and twice in training."""
+
+    def __init__(self):
+        super().__init__()
+        self.gemm, self.bn = nn.Linear(K, N), nn.BatchNorm1d(N)
+
+    def forward(self, x):
+        out = torch.softmax(self.bn(self.gemm(x)), 1)
+        if self.training:
+            out = out + torch.softmax(self.bn(self.gemm(2 * x)), 1)
+        return out
+
+
+def test_report_tags_the_second_call_that_only_training_runs():
+    model = randomize(SecondCallInTraining())
+    baseline = copy.deepcopy(model)
+    report = gbs.convert(model).gemm_bn_softmax_report
+    chain = "Linear gemm -> BatchNorm1d bn -> softmax(dim=1)"
+    assert [b.chain for b in report.replaced] == [chain, chain + " (in training mode)"]
+    x = torch.rand(16, K)
+    for training, calls in ((True, 2), (False, 1)):
+        model.train(training), baseline.train(training)
+        out, n = op_calls(lambda: model(x))
+        assert n == calls
+        torch.testing.assert_close(out, baseline(x), rtol=1e-4, atol=1e-6)
 
 
 def test_optional_arguments_run_the_original_forward():
