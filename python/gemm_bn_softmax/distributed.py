@@ -149,7 +149,7 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, bn_weight, bn_bias, scale, running_mean, running_var, num_batches_tracked,
-                training, momentum, eps, precision, path, compute_dtype, out_dtype, group):
+                training, momentum, eps, precision, path, compute_dtype, out_dtype, group, per_column_scale):
         linear = compute_dtype or x.dtype
         xc, wc, bc = _linear_operands(x, weight, bias, linear)
         out, mean, invstd, y, row_lse = _ops.gemm_bn_softmax(
@@ -171,6 +171,7 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
         _save_for_backward(ctx, y, mean, invstd, lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
                            group)
         ctx.batch_stats = training or running_mean is None
+        ctx.per_column_scale = per_column_scale
         return out
 
     @staticmethod
@@ -186,26 +187,37 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
                                                    ctx.linear_grad_dtype, row_sums, sums, sums[None]))
         if grads[0] is not None:  # x is every rank's input: its gradient sums every rank's columns
             dist.all_reduce(grads[0], group=ctx.group)
-        if grads[5] is not None and scale.numel() == 1:  # a shared scalar scale: every rank's columns
+        if grads[5] is not None and not ctx.per_column_scale:  # a shared scale: every rank's columns
             grads[5] = _all_gather_sum(grads[5], ctx.group)
-        return (*grads, *([None] * 11))
+        return (*grads, *([None] * 12))
 
 
 def column_parallel_gemm_bn_softmax(x, weight, bias=None, bn_weight=None, bn_bias=None, running_mean=None,
                                     running_var=None, scale=1.0, training=True, momentum=0.1, eps=1e-5, *,
                                     process_group, num_batches_tracked=None, precision=None, path=None,
-                                    compute_dtype=None, out_dtype=None) -> torch.Tensor:
+                                    compute_dtype=None, out_dtype=None,
+                                    per_column_scale: Optional[bool] = None) -> torch.Tensor:
     """This rank's columns of softmax(scale * batch_norm(x @ W^T + b), dim=1) where W's rows (the
     out_features) are split over the ranks of ``process_group``, in rank order: ``weight`` is this
     rank's (N_r, K) block, ``bias``, the BatchNorm vectors and a per-column ``scale`` its N_r
     entries; a scalar scale is shared by all ranks. ``x`` is the same on every rank. The result is
-    the unsharded block's output columns of this rank; gradients likewise (x's summed over ranks)."""
+    the unsharded block's output columns of this rank; gradients likewise (x's summed over ranks).
+    ``per_column_scale``: whether ``scale`` holds this rank's columns' entries (True) or the one value
+    all ranks share (False); None infers it from the size, which a rank holding one column cannot do
+    for a one-element tensor: there it must be given (every rank must agree, since a shared scale's
+    gradient is summed over the ranks)."""
     scale_t = _as_scale_tensor(scale, x)
+    if per_column_scale is None:
+        if isinstance(scale, torch.Tensor) and scale.numel() == 1 and weight.shape[0] == 1:
+            raise ValueError("column_parallel_gemm_bn_softmax: this rank holds one column, so a one-element scale "
+                             "may be its per-column entry or the shared scalar; pass per_column_scale=True or False")
+        per_column_scale = scale_t.numel() != 1  # (a rank without columns: no entries)
     compute_dtype, out_dtype = _autocast_dtypes(x, scale_t, compute_dtype, out_dtype)
     with _autocast_off(x.device.type):
         return _ColumnParallelGemmBnSoftmax.apply(x, weight, bias, bn_weight, bn_bias, scale_t, running_mean,
                                                   running_var, num_batches_tracked, training, momentum, eps,
-                                                  precision, path, compute_dtype, out_dtype, process_group)
+                                                  precision, path, compute_dtype, out_dtype, process_group,
+                                                  per_column_scale)
 
 
 def column_split(out_features: int, world_size: int, rank: int) -> slice:
@@ -236,7 +248,9 @@ class ColumnParallelFusedGemmBNSoftmax(nn.Module):
         self.gemm = nn.Linear(in_features, local, bias=bias, **factory)
         self.bn = nn.BatchNorm1d(local, eps=bn_eps, momentum=bn_momentum, affine=affine,
                                  track_running_stats=track_running_stats, **factory)
-        self.scale = nn.Parameter(torch.ones(1 if tuple(scale_shape) == (1,) else local, **factory))
+        # Per column unless (1,): a rank holding one column has a one-element scale either way.
+        self.per_column_scale = tuple(scale_shape) != (1,)
+        self.scale = nn.Parameter(torch.ones(local if self.per_column_scale else 1, **factory))
         self.precision = precision
 
     @classmethod
@@ -269,7 +283,8 @@ class ColumnParallelFusedGemmBNSoftmax(nn.Module):
         return column_parallel_gemm_bn_softmax(
             x, self.gemm.weight, self.gemm.bias, bn.weight, bn.bias, running_mean, running_var,
             self.scale, training=training, momentum=bn.momentum, eps=bn.eps, process_group=self.process_group,
-            num_batches_tracked=num_batches_tracked, precision=self.precision)
+            num_batches_tracked=num_batches_tracked, precision=self.precision,
+            per_column_scale=self.per_column_scale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -7,6 +7,12 @@
 namespace fused {
 namespace {
 Status invalid(const char* msg) { return {StatusCode::kInvalidArgument, msg}; }
+
+// One scale for every column, or one per column (none where there are no columns: a column-parallel
+// rank without columns holds an empty per-column scale, whose pointer may be null).
+bool scale_ok(const void* scale, int64_t scale_numel, int64_t N) {
+  return (scale_numel == 1 || scale_numel == N) && (scale != nullptr || scale_numel == 0);
+}
 }  // namespace
 
 Status validate_linear(const ForwardProblem& p, const ForwardBuffers& b) {
@@ -36,8 +42,7 @@ Status validate(const ForwardProblem& p, const ForwardBuffers& b, const BatchNor
   if (!std::isfinite(bn.eps) || bn.eps < 0.0) return invalid("eps must be finite and non-negative");
   if (batch_norm_eps_zero_refused(bn.eps, bn.uses_batch_stats())) return invalid(FUSED_EPS_ZERO_MESSAGE);
   if (bn.momentum > 1.0 || std::isnan(bn.momentum)) return invalid("momentum must be in [0, 1] or None");
-  if (bn.scale == nullptr || (bn.scale_numel != 1 && bn.scale_numel != p.N))
-    return invalid("scale must have 1 or N elements");
+  if (!scale_ok(bn.scale, bn.scale_numel, p.N)) return invalid("scale must have 1 or N elements");
   if (bn.momentum < 0.0 && bn.updates_running_stats() && bn.num_batches_tracked == nullptr)
     return invalid("momentum=None needs num_batches_tracked");
   if (bn.rank_moments != nullptr && bn.num_ranks < 1) return invalid("rank_moments needs num_ranks >= 1");
@@ -61,8 +66,7 @@ Status validate(const BackwardProblem& p, const BackwardBuffers& b) {
   if ((b.gamma == nullptr) != (b.beta == nullptr)) return invalid("backward: gamma and beta must be given together");
   if ((b.grad_gamma != nullptr || b.grad_beta != nullptr) && b.gamma == nullptr)
     return invalid("backward: gamma/beta gradients asked for without affine parameters");
-  if (b.scale == nullptr || (b.scale_numel != 1 && b.scale_numel != p.N))
-    return invalid("backward: scale must have 1 or N elements");
+  if (!scale_ok(b.scale, b.scale_numel, p.N)) return invalid("backward: scale must have 1 or N elements");
   if (b.rank_sums != nullptr && (b.num_ranks < 1 || b.local_sums == nullptr || (p.M > 0 && b.row_sums == nullptr)))
     return invalid("backward: rank_sums needs num_ranks >= 1, local_sums and row_sums (backward_column_sums)");
   return Status::Ok();

@@ -127,13 +127,25 @@ void check_batch_size(const OpArgs& a) {
                     FUSED_BATCH_TOO_SMALL_MESSAGE ", got input size [1, ", a.sym_N(), "]");
 }
 
+// Each row's log-normaliser. The kernels write it where N > 0; a row over no columns gets the log of
+// an empty sum, -inf (what a column-parallel rank without columns adds to the other ranks').
+namespace {
+at::Tensor row_lse_output(const c10::SymInt& M, const c10::SymInt& N, const at::TensorOptions& f32) {
+  if (N.maybe_as_int() == std::optional<int64_t>(0))
+    return at::full_symint({M}, -std::numeric_limits<float>::infinity(), f32);
+  at::Tensor row_lse = at::empty_symint({M}, f32);
+  poison({row_lse});
+  return row_lse;
+}
+}  // namespace
+
 Outputs allocate_outputs(const OpArgs& a) {
   const auto f32 = a.x.options().dtype(at::kFloat);
   const c10::SymInt M = a.sym_M(), N = a.sym_N();
   at::Tensor y = a.keep_y ? at::empty_symint({M, N}, f32) : at::empty({0}, f32);
   Outputs outs{at::empty_symint({M, N}, a.x.options().dtype(a.out_scalar_type())), at::empty_symint({N}, f32),
-               at::empty_symint({N}, f32), y, at::empty_symint({M}, f32)};
-  poison({std::get<0>(outs), std::get<1>(outs), std::get<2>(outs), std::get<3>(outs), std::get<4>(outs)});
+               at::empty_symint({N}, f32), y, row_lse_output(M, N, f32)};
+  poison({std::get<0>(outs), std::get<1>(outs), std::get<2>(outs), std::get<3>(outs)});
   return outs;
 }
 
@@ -176,8 +188,8 @@ FromMomentsOutputs allocate_from_moments_outputs(const FromMomentsArgs& a) {
   const auto f32 = a.y.options().dtype(at::kFloat);
   const c10::SymInt M = a.y.sym_size(0), N = a.y.sym_size(1);
   FromMomentsOutputs outs{at::empty_symint({M, N}, a.y.options().dtype(a.bn.out_scalar_type())),
-                          at::empty_symint({N}, f32), at::empty_symint({N}, f32), at::empty_symint({M}, f32)};
-  poison({std::get<0>(outs), std::get<1>(outs), std::get<2>(outs), std::get<3>(outs)});
+                          at::empty_symint({N}, f32), at::empty_symint({N}, f32), row_lse_output(M, N, f32)};
+  poison({std::get<0>(outs), std::get<1>(outs), std::get<2>(outs)});
   return outs;
 }
 

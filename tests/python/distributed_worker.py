@@ -6,6 +6,7 @@ nn.SyncBatchNorm computes), and that the statistics are the same bits on every r
 assertion in any rank fails the spawn, hence the test.
 """
 import copy
+import datetime
 import gc
 import os
 
@@ -313,14 +314,24 @@ def check_compiled(sizes, rank, device):
 def check_column_parallel(rank, world, device):
     """ColumnParallelFusedGemmBNSoftmax.from_full over the ranks: this rank's output columns, dx,
     its shard's parameter gradients and running statistics equal the unsharded block's (float64
-    reference), in training and eval, with a shared scalar scale and a per-column one."""
-    from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax, column_split
+    reference), in training and eval, with a shared scalar scale and a per-column one; N columns
+    (several per rank), world + 1 (a rank holding one column, whose per-column scale has one
+    element) and, with three ranks, world - 1 (a rank holding none; with two ranks that would be a
+    softmax over one column, whose gradients are 0 and leave nothing to compare)."""
+    from gemm_bn_softmax.distributed import column_split
 
-    cols = column_split(N, world, rank)
+    for n in (N, world + 1) + ((world - 1,) if world > 2 else ()):
+        check_column_parallel_block(rank, world, device, n, column_split(n, world, rank))
+
+
+def check_column_parallel_block(rank, world, device, n, cols):
+    from gemm_bn_softmax.distributed import ColumnParallelFusedGemmBNSoftmax
+
     x, g = global_batch([9], seed=7)  # every rank: the same input
-    for scale_shape in ((1,), (N,)):
+    g = g[:, :n]
+    for scale_shape in ((1,), (n,)):
         for training in (True, False):
-            full = randomized(ReferenceModel(K, N, scale_shape=scale_shape), seed=8)
+            full = randomized(ReferenceModel(K, n, scale_shape=scale_shape), seed=8)
             ref = copy.deepcopy(full).double().train(training)
             x64 = x.double().requires_grad_()
             out64 = ref(x64)
@@ -330,7 +341,7 @@ def check_column_parallel(rank, world, device):
             xl = x.to(device).detach().clone().requires_grad_()
             out = shard(xl)
             (out * g[:, cols].to(device)).sum().backward()
-            what = f"scale {scale_shape}, {'training' if training else 'eval'}"
+            what = f"N {n}, columns {cols}, scale {scale_shape}, {'training' if training else 'eval'}"
             assert out.shape == (9, cols.stop - cols.start), what
             assert rel_err(out, out64[:, cols]) <= TOL, (what, "out")
             assert rel_err(xl.grad, x64.grad) <= TOL, (what, "dx")
@@ -406,7 +417,8 @@ def run(rank, sizes, port, backend, device_type):
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 in the comparisons
-    dist.init_process_group(backend, rank=rank, world_size=len(sizes))
+    # A collective that one rank misses fails the test in minutes instead of the default half hour.
+    dist.init_process_group(backend, rank=rank, world_size=len(sizes), timeout=datetime.timedelta(seconds=300))
     try:
         check_module_under_ddp(sizes, rank, device)
         check_run_to_run(sizes, rank, device)

@@ -217,6 +217,16 @@ def test_an_unknown_group_name_is_refused(device):
     assert torch.equal(out, ops.gemm_bn_softmax(*args, False, 0.1, 1e-5)[0])
 
 
+def test_column_parallel_one_column_needs_the_scale_kind():
+    """A rank holding one column cannot tell a one-element per-column scale from the shared scalar (whose
+    gradient is summed over ranks): the functional form asks, before any collective."""
+    from gemm_bn_softmax.distributed import column_parallel_gemm_bn_softmax
+
+    x, w = torch.rand(6, K), torch.randn(1, K)
+    with pytest.raises(ValueError, match="pass per_column_scale=True or False"):
+        column_parallel_gemm_bn_softmax(x, w, scale=torch.ones(1), process_group=None)
+
+
 def test_backward_gemms_keep_the_forwards_precision():
     """The column-parallel Function fixes the backward GEMMs' precision at the forward, as the op does:
     "3xtf32" stays 3xTF32 (a tf32 backward would be silently less accurate)."""

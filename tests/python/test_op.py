@@ -131,6 +131,20 @@ def test_empty_batch_and_zero_features(device):
     assert out.shape == (4, 0)
 
 
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+def test_no_columns_give_each_row_an_empty_sum(device):
+    """N = 0: each row's log-normaliser is log 0 = -inf (a column-parallel rank without columns adds
+    nothing to the other ranks' rows), and an empty per-column scale is accepted."""
+    x, w = torch.rand(4, 8, device=device), torch.randn(0, 8, device=device)
+    empty = torch.empty(0, device=device)
+    out, mean, invstd, y, row_lse = torch.ops.fused.gemm_bn_softmax(x, w, None, None, None, None, None, None, empty,
+                                                                   True, 0.1, 1e-5)
+    assert out.shape == (4, 0) and mean.shape == invstd.shape == (0,) and y.shape == (4, 0)
+    assert row_lse.shape == (4,)
+    if device != "meta":
+        assert torch.equal(row_lse.cpu(), torch.full((4,), -torch.inf))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_noncontiguous_and_offset_views_are_correct(device):
     m, n, k = 24, 16, 40
