@@ -111,8 +111,8 @@ def _linear_operands(x, weight, bias, linear: torch.dtype):
     return x.to(linear), weight.to(linear), bias.to(linear) if bias is not None else None
 
 
-def _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
-                       group):
+def _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, linear_inputs, bn_weight, bn_bias, scale, linear,
+                       precision, group):
     """What the Function's backward reads: the op's saved outputs, x (compute dtype) only when the
     weight needs a gradient, the weight only when x does, the BN parameters and scale."""
     wants_w, wants_x = ctx.needs_input_grad[1], ctx.needs_input_grad[0]
@@ -120,7 +120,9 @@ def _save_for_backward(ctx, y, mean, invstd, row_lse, xc, wc, weight, bn_weight,
                           bn_bias, scale)
     ctx.group = group
     ctx.precision = _resolved_precision(linear, precision)
-    ctx.linear_grad_dtype = weight.dtype
+    # The op's autograd rule: the gradients of x, weight and bias in the widest of their dtypes, which
+    # autograd rounds to each input's own.
+    ctx.linear_grad_dtype = functools.reduce(torch.promote_types, (t.dtype for t in linear_inputs if t is not None))
 
 
 def _grad_mask(ctx, bn_weight, bn_bias):
@@ -168,8 +170,8 @@ class _ColumnParallelGemmBnSoftmax(torch.autograd.Function):
             # In place: the same bits as (out * factor).to(out.dtype), without writing an (M, N_r)
             # float32 temporary and reading it back. out is this Function's own, never saved.
             out.mul_(factor)
-        _save_for_backward(ctx, y, mean, invstd, lse, xc, wc, weight, bn_weight, bn_bias, scale, linear, precision,
-                           group)
+        _save_for_backward(ctx, y, mean, invstd, lse, xc, wc, (x, weight, bias), bn_weight, bn_bias, scale, linear,
+                           precision, group)
         ctx.batch_stats = training or running_mean is None
         ctx.per_column_scale = per_column_scale
         return out

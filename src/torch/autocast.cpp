@@ -6,7 +6,9 @@
 //     the CPU, softmax keeps its input's dtype, which is that of `scale * batch_norm(...)`:
 //     the autocast dtype promoted with scale's (a 1-element fp32 Parameter gives fp32, a 0-dim
 //     tensor, like a Python float, keeps the autocast dtype).
-// An explicit compute_dtype / out_dtype argument is kept as given.
+// An explicit compute_dtype / out_dtype argument is kept as given. As autocast casts only eligible
+// tensors (floating point, not float64), a float64 or integer x, weight or bias leaves the call as it
+// is: the op refuses those dtypes, where the eager block fails on mixed dtypes (no silent rounding).
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
@@ -28,6 +30,12 @@ ForwardOutputs gemm_bn_softmax_autocast(
     double eps, const OptString& precision, const OptString& path, OptDtype compute_dtype, OptDtype out_dtype,
     bool keep_y, const OptString& group_name) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(kDevice));
+  const bool castable = at::autocast::is_eligible(x, kDevice) && at::autocast::is_eligible(weight, kDevice) &&
+                        (!bias.has_value() || at::autocast::is_eligible(*bias, kDevice));
+  if (!castable && !compute_dtype.has_value())
+    return forward_op().call(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
+                             scale, training, momentum, eps, precision, path, compute_dtype, out_dtype, keep_y,
+                             group_name);
   const at::ScalarType linear = compute_dtype.value_or(at::autocast::get_autocast_dtype(kDevice));
   const at::ScalarType out = out_dtype.value_or(eager_out_dtype(kDevice, linear, scale));
   return forward_op().call(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,

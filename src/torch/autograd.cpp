@@ -159,9 +159,13 @@ class GemmBnSoftmaxFunction : public torch::autograd::Function<GemmBnSoftmaxFunc
     if (exchanges_statistics(training, group_name)) ctx->saved_data["group_name"] = *group_name;
     // The backward GEMMs run in the forward's precision, resolved now (a later flag change does not count).
     ctx->saved_data["precision"] = std::string(precision_name(resolve_precision(in.dtype, precision)));
-    // Gradients of x, weight and bias come back in the parameter's own dtype (fp32 master weights
-    // under autocast): the GEMMs write them directly, no bf16 round trip.
-    ctx->saved_data["linear_grad_dtype"] = weight.scalar_type();
+    // Gradients of x, weight and bias are written in the widest of their three dtypes (fp32 master
+    // weights under autocast: the GEMMs write them directly, no bf16 round trip); autograd then rounds
+    // each to its own input's dtype, as eager's casts do. Not the weight's alone: an fp32 x beside a
+    // bf16 weight would get its gradient through bf16.
+    at::ScalarType linear_grad_dtype = c10::promoteTypes(x.scalar_type(), weight.scalar_type());
+    if (defined(bias)) linear_grad_dtype = c10::promoteTypes(linear_grad_dtype, bias->scalar_type());
+    ctx->saved_data["linear_grad_dtype"] = linear_grad_dtype;
     return {out, mean, invstd, y, row_lse};
   }
 

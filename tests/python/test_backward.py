@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import HAS_CUDA, requires_cuda, requires_hopper
+from conftest import DEVICES, HAS_CUDA, requires_cuda, requires_hopper
 from helpers import assert_cancelled_bias_grad, rel_err
 
 import gemm_bn_softmax as gbs
@@ -538,3 +538,30 @@ def test_compute_and_out_dtype_arguments():
         gbs.gemm_bn_softmax(p["x"], p["weight"].bfloat16())  # mixed dtypes need compute_dtype
     mixed = gbs.gemm_bn_softmax(p["x"], p["weight"].bfloat16(), compute_dtype=torch.bfloat16)
     assert mixed.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float16])
+def test_fp32_input_beside_a_16bit_weight_keeps_fp32_gradients(device, weight_dtype):
+    """x and bias fp32, W 16-bit, the Linear in fp32 (compute_dtype): dx and db are fp32 gradients, as
+    eager's casts give them, not rounded through W's dtype (2e-3 off, when the rule was W's dtype)."""
+    torch.manual_seed(0)
+    m, n, k = 32, 24, 16
+    x = torch.randn(m, k, device=device, requires_grad=True)
+    w = (torch.randn(n, k, device=device) / 4).to(weight_dtype).requires_grad_()
+    b = torch.randn(n, device=device, requires_grad=True)
+    gamma, beta, g = torch.rand(n, device=device) + 0.5, torch.randn(n, device=device), torch.randn(m, n, device=device)
+    for training in (True, False):  # eval: the bias's gradient is not 0
+        out = gbs.gemm_bn_softmax(x, w, b, gamma, beta, torch.zeros(n, device=device), torch.ones(n, device=device),
+                                  scale=2.0, training=training, compute_dtype=torch.float32)
+        (out * g).sum().backward()
+        assert x.grad.dtype == b.grad.dtype == torch.float32 and w.grad.dtype == weight_dtype
+        x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+        ref = eager_block(x64, w64, b64, gamma.double(), beta.double(), torch.zeros(n, dtype=torch.float64,
+                          device=device), torch.ones(n, dtype=torch.float64, device=device), 2.0, training)
+        (ref * g.double()).sum().backward()
+        assert rel_err(x.grad, x64.grad) <= 1e-5, training
+        if not training:
+            assert rel_err(b.grad, b64.grad) <= 1e-5
+        assert rel_err(w.grad, w64.grad) <= 2 ** -7  # rounded to W's dtype once
+        x.grad = w.grad = b.grad = None

@@ -125,6 +125,19 @@ def test_batch_norm_refusals_are_value_errors_like_pytorch(device, name, mutate,
         _call(a)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float64, torch.float64), (torch.float64, torch.float32),
+                                             (torch.int64, torch.float32)], ids=["fp64", "fp64-x", "int64-x"])
+def test_autocast_leaves_float64_and_integer_inputs_alone(device, x_dtype, w_dtype):
+    """Autocast casts only floating, non-float64 tensors: the eager block fails on these (mixed dtypes);
+    the op must refuse them too, not round them to the autocast dtype."""
+    a = _args(device)
+    a["x"], a["weight"] = (a["x"] * 10).to(x_dtype), a["weight"].to(w_dtype)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="x has unsupported dtype"):
+            _call(a)
+
+
 def test_module_refuses_eps_zero_as_eager_does():
     """What a user's training loop sees: the same exception type from the fused module as from the block."""
     from gemm_bn_softmax.reference import ReferenceModel
