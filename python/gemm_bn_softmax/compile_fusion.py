@@ -24,6 +24,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _library  # noqa: F401  (registers torch.ops.fused)
 from . import _patterns
@@ -107,6 +108,12 @@ def _fuse_at(graph: torch.fx.Graph, softmax: torch.fx.Node) -> bool:
     x_value, weight_value = _value(x), _value(lin_args["weight"])
     if x_value.dim() != 2 or x_value.device.type not in ("cpu", "cuda") or weight_value.dim() != 2:
         return False
+    bias = lin_args["bias"]
+    if bias is not None and not (_value(bias).dim() == 1 and statically_known_true(
+            _value(bias).shape[0] == weight_value.shape[0])):
+        return False  # a bias F.linear broadcasts ((1,), (1, N)): the op takes (N,)
+    if (bn_args["weight"] is None) != (bn_args["bias"] is None):
+        return False  # the op's affine BatchNorm takes both or neither
     if isinstance(scale, torch.fx.Node):
         shape, n = tuple(_value(scale).shape), weight_value.shape[0]
         if not all(isinstance(d, int) for d in (*shape, n)) or not scale_shape_supported(shape, n):
@@ -137,7 +144,8 @@ def fuse_blocks(graph: torch.fx.Graph) -> int:
     the fused op; returns how many. A block is fused only if it provably computes the same: one
     dtype (float32, bfloat16 or float16) throughout, a 2-D input, each intermediate used once,
     softmax over dim 1 or -1 without dtype=, a scale that is a number or a tensor of shape (),
-    (1,), (N,) or (1, N), constant training/momentum/eps, nothing in between but attribute reads."""
+    (1,), (N,) or (1, N), a Linear bias of shape (N,) if any, BatchNorm's weight and bias both given
+    or neither, constant training/momentum/eps, nothing in between but attribute reads."""
     fused = sum(_fuse_at(graph, node) for node in list(graph.nodes) if softmax_call(node) is not None)
     if fused:
         logger.info("gemm_bn_softmax: torch.compile fused %d Linear -> BatchNorm1d -> softmax block(s)", fused)

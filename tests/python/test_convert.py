@@ -269,12 +269,13 @@ class FunctionalHead(nn.Module):
     """The block written with functions on the module's own tensors: F.linear with keywords, then
     torch.batch_norm (its own argument order) or F.batch_norm with keywords, torch.mul, torch.softmax."""
 
-    def __init__(self, batch_norm="torch.batch_norm"):
+    def __init__(self, batch_norm="torch.batch_norm", bias_shape=(N,), bn_bias=True):
         super().__init__()
         self.batch_norm = batch_norm
         self.weight = nn.Parameter(torch.randn(N, K) / K ** 0.5)
-        self.bias = nn.Parameter(torch.zeros(N))
-        self.gamma, self.beta = nn.Parameter(torch.ones(N)), nn.Parameter(torch.zeros(N))
+        self.bias = nn.Parameter(0.1 * torch.randn(bias_shape))  # (1,) or (1, N): broadcast, not the op's
+        self.gamma = nn.Parameter(torch.ones(N))
+        self.beta = nn.Parameter(torch.zeros(N)) if bn_bias else None  # weight without bias: not the op's
         self.scale = nn.Parameter(torch.ones(1))
         self.register_buffer("mean", torch.zeros(N))
         self.register_buffer("var", torch.ones(N))
@@ -614,7 +615,11 @@ def test_compile_without_the_hook_does_not_fuse():
 @pytest.mark.parametrize("model, x_shape", [
     (ReluBeforeSoftmax(K, N), (16, K)), (ReturnsBN(K, N), (16, K)), (ReturnsLinear(K, N), (16, K)),
     (SoftmaxDim0(K, N), (16, K)), (BatchNorm2dHead(), (4, 3, 5, K)),
-], ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else "")
+    (FunctionalHead("F.batch_norm", bias_shape=(1,)), (16, K)),
+    (FunctionalHead("F.batch_norm", bias_shape=(1, N)), (16, K)),
+    (FunctionalHead("F.batch_norm", bn_bias=False), (16, K)),
+], ids=["ReluBeforeSoftmax", "ReturnsBN", "ReturnsLinear", "SoftmaxDim0", "BatchNorm2dHead", "linear-bias-(1,)",
+        "linear-bias-(1,N)", "batch_norm-weight-without-bias"])
 def test_compile_leaves_other_models_unchanged(compile_fusion, model, x_shape):
     model = randomize(model)
     baseline = copy.deepcopy(model)
