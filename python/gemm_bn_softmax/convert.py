@@ -32,7 +32,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ._patterns import OP_DTYPES, is_number, mul_operands, scale_shape_supported, softmax_call, softmax_dim_problem
 from .functional import ScaleLike
-from .module import FusedGemmBNSoftmax, run_block
+from .module import FusedGemmBNSoftmax, has_hooks, run_block
 
 logger = logging.getLogger("gemm_bn_softmax")
 
@@ -238,11 +238,6 @@ def _behaves_as(module: Optional[nn.Module], cls: type) -> bool:
     return isinstance(module, cls) and type(module).forward is cls.forward
 
 
-def _hooks(module: nn.Module) -> bool:
-    return any(getattr(module, name, None) for name in (
-        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
-
-
 class _BlockFinder:
     """Finds blocks in one traced forward of ``module`` (named ``prefix`` in the model)."""
 
@@ -376,7 +371,7 @@ class _BlockFinder:
         problem = softmax_dim_problem(*softmax)
         if problem:
             return skip(problem)
-        hooked = [n for n in walked if self.submodule(n) is not None and _hooks(self.submodule(n))]
+        hooked = [n for n in walked if self.submodule(n) is not None and has_hooks(self.submodule(n))]
         if hooked:
             return skip(f"{self.describe(hooked[0])} has hooks (the fused op would not run them)")
         # The fused op runs where the softmax was: only reads of attributes may sit in between.

@@ -22,6 +22,12 @@ def _tensor_attr(module: nn.Module, name: str, registry: str):
     return getattr(module, name) if value is _MISSING else value
 
 
+def has_hooks(module: nn.Module) -> bool:
+    """Whether hooks are registered on the module itself (the fused op would not run them)."""
+    return any(getattr(module, name, None) for name in (
+        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+
+
 def bn_buffers(bn: nn.BatchNorm1d, training: bool):
     """(running_mean, running_var, num_batches_tracked) as the op takes them under nn.BatchNorm1d's
     rules: running statistics unless training without tracking them; num_batches_tracked only when
@@ -54,7 +60,8 @@ class FusedGemmBNSoftmax(nn.Module):
     """Same constructor, parameters, buffers and state_dict keys as the reference model
     (``gemm.*``, ``bn.*``, ``scale``), so a reference state_dict loads unchanged.
 
-    The submodules only hold state; forward runs the fused op.
+    The submodules only hold state; forward runs the fused op. So hooks belong on this module: a
+    forward with hooks on ``gemm`` or ``bn`` raises rather than skip them.
 
     Data-parallel training with statistics over the global batch (nn.SyncBatchNorm's semantics):
     ``nn.SyncBatchNorm.convert_sync_batchnorm(model)`` as for any model (``bn`` becomes an
@@ -103,13 +110,17 @@ class FusedGemmBNSoftmax(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         modules = self._modules  # (not self.bn: nn.Module.__getattr__ is slow, see _tensor_attr)
-        bn = modules["bn"]
+        bn, gemm = modules["bn"], modules["gemm"]
+        if has_hooks(gemm) or has_hooks(bn):
+            raise RuntimeError("FusedGemmBNSoftmax runs gemm, bn and scale as one fused op, so hooks on its gemm or bn "
+                               "submodule would not run; register them on the FusedGemmBNSoftmax module itself, or "
+                               "use the unfused block")
         if bn.track_running_stats and (_tensor_attr(bn, "running_mean", "_buffers") is None
                                        or _tensor_attr(bn, "running_var", "_buffers") is None):
             # nn.BatchNorm1d would silently fall back to batch statistics here
             raise ValueError("FusedGemmBNSoftmax: bn.track_running_stats is True but bn.running_mean / "
                              "bn.running_var is None; restore them or set track_running_stats=False")
-        return run_block(x, modules["gemm"], bn, _tensor_attr(self, "scale", "_parameters"), training=self.training,
+        return run_block(x, gemm, bn, _tensor_attr(self, "scale", "_parameters"), training=self.training,
                          precision=self.precision, process_group=self.process_group)
 
     def extra_repr(self) -> str:

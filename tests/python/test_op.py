@@ -131,6 +131,24 @@ def test_empty_batch_and_zero_features(device):
     assert out.shape == (4, 0)
 
 
+@pytest.mark.parametrize("submodule", ["gemm", "bn"])
+@pytest.mark.parametrize("hook", ["forward", "forward_pre", "full_backward"])
+def test_hooks_on_a_submodule_raise_instead_of_being_skipped(submodule, hook):
+    """The submodules hold state only; the fused op would skip their hooks (a drop-in user's activation
+    capture or pruning hook), so the forward refuses; hooks on the module itself run."""
+    _, _, fused = make_models(8, 6, torch.float32, "cpu")
+    x = torch.rand(5, 8)
+    calls = []
+    fused(x)
+    handle = getattr(getattr(fused, submodule), f"register_{hook}_hook")(lambda *args: calls.append(1))
+    with pytest.raises(RuntimeError, match="hooks on its gemm or bn submodule would not run"):
+        fused(x)
+    handle.remove()
+    fused.register_forward_hook(lambda *args: calls.append(1))
+    fused(x)
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("device", DEVICES + ["meta"])
 def test_no_columns_give_each_row_an_empty_sum(device):
     """N = 0: each row's log-normaliser is log 0 = -inf (a column-parallel rank without columns adds
