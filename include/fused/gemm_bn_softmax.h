@@ -54,7 +54,8 @@ struct ForwardBuffers {
   float* save_mean = nullptr;    // (N) the mean used (batch or running)
   float* save_invstd = nullptr;  // (N) 1 / sqrt(var + eps)
   // (M) log sum_n exp(z[i, n]) per row, or null. Kept for the backward, which recomputes the
-  // softmax in fp32 from y (exp(z - row_lse)) instead of reading the rounded out.
+  // softmax in fp32 from y (exp(z - row_lse)) instead of reading the rounded out. Not written when
+  // N = 0: the log of an empty sum, -inf, is the caller's to fill (the torch op does).
   float* row_lse = nullptr;
   // Generic path only, optional: a cuBLASLt workspace the caller already owns (e.g. PyTorch's, one
   // per stream). When set, forward() uses it instead of carving one out of its workspace; ask
