@@ -108,9 +108,9 @@ def _fuse_at(graph: torch.fx.Graph, softmax: torch.fx.Node) -> bool:
     x_value, weight_value = _value(x), _value(lin_args["weight"])
     if x_value.dim() != 2 or x_value.device.type not in ("cpu", "cuda") or weight_value.dim() != 2:
         return False
-    bias = lin_args["bias"]
-    if bias is not None and not (_value(bias).dim() == 1 and statically_known_true(
-            _value(bias).shape[0] == weight_value.shape[0])):
+    bias_value = _value(lin_args["bias"]) if lin_args["bias"] is not None else None
+    if bias_value is not None and not (bias_value.dim() == 1 and statically_known_true(
+            bias_value.shape[0] == weight_value.shape[0])):
         return False  # a bias F.linear broadcasts ((1,), (1, N)): the op takes (N,)
     if (bn_args["weight"] is None) != (bn_args["bias"] is None):
         return False  # the op's affine BatchNorm takes both or neither

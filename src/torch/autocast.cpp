@@ -32,14 +32,11 @@ ForwardOutputs gemm_bn_softmax_autocast(
   c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(kDevice));
   const bool castable = at::autocast::is_eligible(x, kDevice) && at::autocast::is_eligible(weight, kDevice) &&
                         (!bias.has_value() || at::autocast::is_eligible(*bias, kDevice));
-  if (!castable && !compute_dtype.has_value())
-    return forward_op().call(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                             scale, training, momentum, eps, precision, path, compute_dtype, out_dtype, keep_y,
-                             group_name);
-  const at::ScalarType linear = compute_dtype.value_or(at::autocast::get_autocast_dtype(kDevice));
-  const at::ScalarType out = out_dtype.value_or(eager_out_dtype(kDevice, linear, scale));
+  if (castable && !compute_dtype.has_value()) compute_dtype = at::autocast::get_autocast_dtype(kDevice);
+  if (compute_dtype.has_value() && !out_dtype.has_value())
+    out_dtype = eager_out_dtype(kDevice, *compute_dtype, scale);
   return forward_op().call(x, weight, bias, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, scale,
-                           training, momentum, eps, precision, path, linear, out, keep_y, group_name);
+                           training, momentum, eps, precision, path, compute_dtype, out_dtype, keep_y, group_name);
 }
 
 }  // namespace
